@@ -1,0 +1,110 @@
+// Public API of mla-decode: the decode step of a Multi-head Latent Attention layer (Kimi K3,
+// DeepSeek-V3 style with an output gate) as a prepared object. DESIGN.md is the specification.
+//
+//   mla::PreparedMla mla(weights, dims, /*pitches=*/{{1, 4096}, {8, 4096}}, query_scratch,
+//                        {.max_context = 1 << 17, .queries = {1, 4}});
+//   mla.prepare(cache);                                   // once: plans, attributes, warm-up
+//   mla.run(step, stream);                                // per step: launches only (graph-capturable)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "mla/dims.h"
+#include "mla/error.h"
+#include "mla/tensor.h"
+
+namespace mla {
+
+// Run-time dimensions of one layer on one GPU.
+struct LayerDims {
+  int num_heads = 0;       // H: heads on this GPU, 1..128 (K3: 96 heads, 12 per GPU at TP8)
+  float rms_eps = 1e-5f;   // epsilon of both RMSNorms
+};
+
+// The layer's weights (bf16, contiguous) and per-tensor FP8 scales. Non-owning.
+struct Weights {
+  TensorView q_a_norm;   // [1536] bf16: RMSNorm weight of q_a
+  TensorView kv_a_norm;  // [512] bf16: RMSNorm weight of kv_a
+  TensorView q_b_proj;   // [H*192, 1536] bf16: per head rows h*192+[0,128) nope, +[128,192) rope
+  TensorView w_uk_t;     // [H, 128, 512] bf16: absorbs q_nope into the latent space
+  TensorView w_uv;       // [H, 512, 128] bf16: latent -> per-head value
+  float q_scale = 1.0f;  // FP8 query dequant scale: query bytes = e4m3(q / q_scale)
+  float k_scale = 1.0f;  // FP8 cache dequant scale: cache bytes = e4m3(k / k_scale)
+};
+
+// Decode context parallelism seen from one rank: which global positions this rank's cache holds.
+// Rank k owns global position g iff (g / interleave) % size == k (DESIGN.md §4, DCP).
+struct DcpLayout {
+  int rank = 0;        // k in [0, size)
+  int size = 1;        // D: ranks in the group (1 = no DCP)
+  int interleave = 1;  // I: consecutive positions owned together (1 or the page size, typically)
+};
+
+// What one decode step reads and writes. All device tensors on the prepared object's GPU.
+struct StepInputs {
+  TensorView projected;    // [rows, >= 2112 + H*128] bf16, row stride = the pitch prepared for `rows`
+  TensorView out;          // [rows, H*128] bf16, contiguous: feeds o_proj
+  TensorView cache;        // [num_pages, 64, 576] FP8 e4m3 (or u8); page stride >= 64*576 allowed
+  TensorView slots;        // [rows] int64: cache slot (page*64 + offset) of each row's token, -1 = none
+  TensorView block_table;  // [reqs, max_pages] int32, reqs <= rows/q (missing requests are padding)
+  TensorView lengths;      // [reqs] int32: tokens in this GPU's cache, including this step's new ones
+  TensorView totals;       // [reqs] int32: global lengths; required under DCP, absent otherwise
+  int q = 1;               // rows per request (spec verify: 1 + draft length), 1..8
+};
+
+// Which attention core runs a shape. `kAuto` picks per (batch, q) from measurements.
+enum class CoreKind { kAuto };
+CoreKind parse_core_kind(const char* name);  // "auto"; anything else is an Error
+const char* core_kind_name(CoreKind kind);
+
+class DcpGroup;  // rank group, mailboxes and transports (DESIGN.md §4, DCP)
+
+struct PrepareOptions {
+  int64_t max_context = int64_t{1} << 17;  // longest sequence of the deployment; bounds the split count
+  CoreKind core = CoreKind::kAuto;
+  const DcpGroup* dcp = nullptr;           // optional: null = the whole context is on this GPU
+  int parity = 0;                          // DCP mailbox double-buffer bit of this object (0 or 1)
+  std::vector<int> queries = {1};          // the q values steps will use
+};
+
+// One (batch rows, q) launch shape and the plan fixed for it at construction.
+struct PreparedShape {
+  int64_t rows = 0;        // rows of projected/out
+  int q = 1;               // rows per request
+  int64_t pitch = 0;       // row stride of projected (elements)
+  int num_splits = 1;      // split-KV count of the core for this shape
+};
+
+class PreparedMla {
+ public:
+  // `pitches` maps each batch size (rows) to the row stride of its projected tensor.
+  // `query_scratch` is [max rows, H (D*H under DCP), 576] FP8 device memory owned by the caller.
+  // Shapes {(b, q) : b in pitches, q in queries, b % q == 0} are planned here; bad arguments throw.
+  PreparedMla(const Weights& weights, const LayerDims& dims, const std::map<int64_t, int64_t>& pitches,
+              const TensorView& query_scratch, const PrepareOptions& options = {});
+  ~PreparedMla();
+  PreparedMla(const PreparedMla&) = delete;
+  PreparedMla& operator=(const PreparedMla&) = delete;
+
+  // Instantiate every shape's kernels for this cache, set shared-memory limits, warm each shape once.
+  void prepare(const TensorView& cache);
+
+  // Validate `step`, then only launch the PDL-chained kernels on `stream`: no allocation, no
+  // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
+  void run(const StepInputs& step, cudaStream_t stream);
+
+  const LayerDims& dims() const;
+  const std::vector<PreparedShape>& shapes() const;
+  const PreparedShape& shape(int64_t rows, int q) const;  // unknown (rows, q) is an Error
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mla
