@@ -98,6 +98,11 @@ class PreparedMla {
   // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
   void run(const StepInputs& step, cudaStream_t stream);
 
+  // The value checks run() cannot afford on device tensors (page indices and slots in range, lengths
+  // within the block table and max_context, DCP local lengths): copies the metadata to the host and
+  // SYNCHRONIZES. For debugging and tests; throws like run() does.
+  void check_step(const StepInputs& step) const;
+
   const LayerDims& dims() const;
   const std::vector<PreparedShape>& shapes() const;
   const PreparedShape& shape(int64_t rows, int q) const;  // unknown (rows, q) is an Error
