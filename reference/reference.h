@@ -54,6 +54,9 @@ void cache_row(const std::vector<double>& kv_normed, const uint16_t* projected_r
 // Under DCP the caller passes -1 for the tokens this rank does not own (DESIGN.md §4).
 void query_stage(const Weights& weights, const LayerDims& dims, const StepInputs& step,
                  uint8_t* query_out);
+// The same for rank `dcp.rank` of a DCP group: validates `step` with that layout (totals required).
+void query_stage(const Weights& weights, const LayerDims& dims, const StepInputs& step, const DcpLayout& dcp,
+                 uint8_t* query_out);
 
 // ---- Attention core -----------------------------------------------------------------------------
 
@@ -61,6 +64,8 @@ void query_stage(const Weights& weights, const LayerDims& dims, const StepInputs
 int64_t dcp_global_position(int64_t local_index, const DcpLayout& dcp);
 // Rank that owns global position g: (g / I) % D.
 int dcp_owner(int64_t global_position, const DcpLayout& dcp);
+// Local index of global position g on its owner: (g / (I*D)) * I + g % I (inverse of the above).
+int64_t dcp_local_index(int64_t global_position, const DcpLayout& dcp);
 // Tokens of a global sequence of `total` tokens that rank `dcp.rank` holds.
 int64_t dcp_local_length(int64_t total, const DcpLayout& dcp);
 
