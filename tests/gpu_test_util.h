@@ -32,7 +32,7 @@ template <class T>
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t count) : count_(count) {
-    MLA_CUDA_CHECK(cudaMalloc(&ptr_, count * sizeof(T) + 1));
+    MLA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T) + 1));
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -1,0 +1,116 @@
+// The value kernel: out[r, h*128 + c] = bf16((latent[r, h] . W_UV[h][:, c]) * sigmoid(gate[r, h*128 + c])).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "value/config.h"
+#include "value/params.h"
+
+namespace mla::value {
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float (&out)[8]) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// A row is exactly zero when its request has no tokens (globally, under DCP) or is graph padding.
+__device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) {
+  const int request = row / p.q;
+  if (request >= p.num_requests) return true;
+  const int tokens = p.totals != nullptr ? p.totals[request] : p.lengths[request];
+  return tokens <= 0;
+}
+
+__global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__ ValueParams p) {
+  // ---- 1. Grid mapping: CTA = (32-column slice, head, 16-row tile); thread = (column group, k slice).
+  const int column_slice = blockIdx.x;
+  const int head = blockIdx.y;
+  const int row_begin = blockIdx.z * kRowsPerCta;
+  const int row_end = min(p.rows, row_begin + kRowsPerCta);
+  const int column_group = threadIdx.x % kColumnGroups;
+  const int k_slice = threadIdx.x / kColumnGroups;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int k_begin = k_slice * kKPerThread;
+  const int column_begin = column_slice * kColumnsPerCta + column_group * kColumnsPerThread;
+
+  __shared__ SharedPlan smem;
+
+  // ---- 2. This thread's 8 x 8 block of W_UV into registers. The weights do not depend on the
+  // previous kernel, so this runs before the PDL wait, overlapping the producer's tail.
+  uint4 w_packed[kKPerThread];
+  const __nv_bfloat16* w_head = p.w_uv + static_cast<int64_t>(head) * kKvLoraRank * kVHeadDim;
+#pragma unroll
+  for (int i = 0; i < kKPerThread; ++i) {
+    w_packed[i] = __ldg(reinterpret_cast<const uint4*>(w_head + (k_begin + i) * kVHeadDim + column_begin));
+  }
+  float w[kKPerThread][kColumnsPerThread];
+#pragma unroll
+  for (int i = 0; i < kKPerThread; ++i) bf16x8_to_float(w_packed[i], w[i]);
+
+  // ---- 3. Wait for the core's latent (and everything before it).
+  cudaGridDependencySynchronize();
+
+  // ---- 4. Passes of 4 rows: partial dot products, reduced over the warp's 8 k slices by shuffles and
+  // over the 8 warps through shared memory.
+  for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRowsPerPass) {
+    float acc[kRowsPerPass][kColumnsPerThread] = {};
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerPass; ++rr) {
+      const int row = pass_begin + rr;
+      if (row >= row_end) continue;
+      float latent[kKPerThread];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
+                                                      head * kKvLoraRank + k_begin),
+                      latent);
+#pragma unroll
+      for (int i = 0; i < kKPerThread; ++i) {
+#pragma unroll
+        for (int c = 0; c < kColumnsPerThread; ++c) acc[rr][c] = fmaf(latent[i], w[i][c], acc[rr][c]);
+      }
+    }
+    // Lanes 4 apart hold the same columns for neighbouring k slices.
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerPass; ++rr) {
+#pragma unroll
+      for (int c = 0; c < kColumnsPerThread; ++c) {
+#pragma unroll
+        for (int offset = kColumnGroups; offset < 32; offset *= 2) {
+          acc[rr][c] += __shfl_xor_sync(0xffffffffu, acc[rr][c], offset);
+        }
+        if (lane < kColumnGroups) smem.partial[rr][warp][column_group * kColumnsPerThread + c] = acc[rr][c];
+      }
+    }
+    __syncthreads();
+
+    // ---- 5. Epilogue: one thread per (row, column): sum the warps, gate, store (64 B per warp).
+    if (threadIdx.x < kRowsPerPass * kColumnsPerCta) {
+      const int rr = threadIdx.x / kColumnsPerCta;
+      const int column = threadIdx.x % kColumnsPerCta;
+      const int row = pass_begin + rr;
+      if (row < row_end) {
+        const int out_column = head * kVHeadDim + column_slice * kColumnsPerCta + column;
+        float result = 0.0f;
+        if (!is_zero_row(p, row)) {
+          float v = 0.0f;
+#pragma unroll
+          for (int w_idx = 0; w_idx < kWarps; ++w_idx) v += smem.partial[rr][w_idx][column];
+          const float gate = __bfloat162float(p.projected[row * p.stride_projected_row + kProjectedGateOffset + out_column]);
+          result = v / (1.0f + expf(-gate));
+        }
+        p.out[static_cast<int64_t>(row) * p.num_heads * kVHeadDim + out_column] = __float2bfloat16_rn(result);
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- 6. Only after this CTA's last store may the next kernel start reading.
+  cudaTriggerProgrammaticLaunchCompletion();
+}
+
+}  // namespace mla::value
