@@ -1,0 +1,315 @@
+// Benchmark of the fused query stage (src/query) against the stock composition (query_bench_stock.cuh),
+// DESIGN.md §6: CUDA events over CUDA-graph replays (kLaunchesPerGraph launches per graph, each on a
+// different weight set so the weights come from HBM, not L2), median of kReplays; the copy bandwidth
+// and the bf16 matrix rate measured in the same run.
+//
+//   query_bench                    the issue's table: H in {12,16,64,96,128} x rows in {1,4,16,64,256}
+//   query_bench --sweep            also sweep the planner's choices (splits, absorb columns)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "mla/dims.h"
+#include "query/launch.h"
+#include "query_bench_stock.cuh"
+
+namespace {
+
+using namespace mla;
+
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t s_ = (call);                                                              \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+      std::fprintf(stderr, "cuBLAS error %d at %s:%d\n", int(s_), __FILE__, __LINE__);       \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+constexpr int kLaunchesPerGraph = 20;
+constexpr int kReplays = 25;
+
+__global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+    x ^= x >> 31; x *= 0xbf58476d1ce4e5b9ull; x ^= x >> 29;
+    const float u = float(x >> 40) / float(1 << 24) - 0.5f;  // uniform [-0.5, 0.5)
+    p[i] = __float2bfloat16_rn(u * scale);
+  }
+}
+
+template <class T>
+T* device_alloc(size_t count) {
+  T* p = nullptr;
+  MLA_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  return p;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median time (µs) of one launch of `enqueue(i)`, i = launch index, over graph replays.
+template <class F>
+float time_graph(cudaStream_t stream, F&& enqueue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunchesPerGraph; ++i) enqueue(i);
+  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start));
+  MLA_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int w = 0; w < 3; ++w) MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> times;
+  for (int r = 0; r < kReplays; ++r) {
+    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
+    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.f / kLaunchesPerGraph);
+  }
+  MLA_CUDA_CHECK(cudaEventDestroy(start));
+  MLA_CUDA_CHECK(cudaEventDestroy(stop));
+  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+  return median(times);
+}
+
+struct Ceilings {
+  double copy_gbs = 0;     // device-to-device copy, bytes read + written
+  double matrix_tflops = 0;
+};
+
+Ceilings measure_ceilings(cudaStream_t stream, cublasHandle_t cublas) {
+  Ceilings c;
+  const size_t bytes = size_t(1) << 30;
+  void* a = device_alloc<uint8_t>(bytes);
+  void* b = device_alloc<uint8_t>(bytes);
+  MLA_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start));
+  MLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> t;
+  for (int i = 0; i < 12; ++i) {
+    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
+    MLA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) t.push_back(ms);
+  }
+  c.copy_gbs = 2.0 * bytes / (median(t) * 1e-3) / 1e9;
+  MLA_CUDA_CHECK(cudaFree(a));
+  MLA_CUDA_CHECK(cudaFree(b));
+
+  const int n = 8192;
+  auto* x = device_alloc<__nv_bfloat16>(size_t(n) * n);
+  auto* y = device_alloc<__nv_bfloat16>(size_t(n) * n);
+  auto* z = device_alloc<__nv_bfloat16>(size_t(n) * n);
+  fill_random_bf16<<<1024, 256, 0, stream>>>(x, size_t(n) * n, 1, 1.f);
+  fill_random_bf16<<<1024, 256, 0, stream>>>(y, size_t(n) * n, 2, 1.f);
+  const float alpha = 1.f, beta = 0.f;
+  t.clear();
+  for (int i = 0; i < 8; ++i) {
+    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, x, CUDA_R_16BF, n, y, CUDA_R_16BF, n,
+                              &beta, z, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) t.push_back(ms);
+  }
+  c.matrix_tflops = 2.0 * n * double(n) * n / (median(t) * 1e-3) / 1e12;
+  MLA_CUDA_CHECK(cudaFree(x));
+  MLA_CUDA_CHECK(cudaFree(y));
+  MLA_CUDA_CHECK(cudaFree(z));
+  MLA_CUDA_CHECK(cudaEventDestroy(start));
+  MLA_CUDA_CHECK(cudaEventDestroy(stop));
+  return c;
+}
+
+// Buffers for one (rows, H): rotating weight sets and the per-step tensors.
+struct Problem {
+  int rows, H;
+  int64_t pitch;
+  int num_sets;
+  std::vector<__nv_bfloat16*> q_b_proj, w_uk_t;
+  __nv_bfloat16 *q_a_norm, *kv_a_norm, *projected;
+  int64_t* slots;
+  uint8_t *query, *cache;
+  int64_t num_pages, page_stride;
+  // stock path intermediates
+  __nv_bfloat16 *qn, *kvn, *q, *ql;
+  double weight_bytes() const {
+    return double(H) * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank) * 2 + (kQLoraRank + kKvLoraRank) * 2;
+  }
+  double must_move_bytes() const {
+    return weight_bytes() + double(rows) * kProjectedGateOffset * 2 + double(rows) * H * kKeyDim + double(rows) * kKeyDim;
+  }
+  double flops() const { return 2.0 * rows * H * (double(kQkHeadDim) * kQLoraRank + double(kNopeDim) * kKvLoraRank); }
+};
+
+Problem make_problem(int rows, int H, cudaStream_t stream) {
+  Problem p;
+  p.rows = rows;
+  p.H = H;
+  p.pitch = projected_width(H) + 64;
+  const double set_bytes = p.weight_bytes();
+  p.num_sets = std::max(2, int(std::ceil(240e6 / set_bytes)));  // > 4x the 60 MB L2 per graph pass
+  p.num_sets = std::min(p.num_sets, kLaunchesPerGraph);
+  const size_t qb = size_t(H) * kQkHeadDim * kQLoraRank, wu = size_t(H) * kNopeDim * kKvLoraRank;
+  for (int s = 0; s < p.num_sets; ++s) {
+    p.q_b_proj.push_back(device_alloc<__nv_bfloat16>(qb));
+    p.w_uk_t.push_back(device_alloc<__nv_bfloat16>(wu));
+    fill_random_bf16<<<1024, 256, 0, stream>>>(p.q_b_proj.back(), qb, 100 + s, 2.f * 1.7f / std::sqrt(1536.f));
+    fill_random_bf16<<<1024, 256, 0, stream>>>(p.w_uk_t.back(), wu, 200 + s, 2.f * 1.7f / std::sqrt(128.f));
+  }
+  p.q_a_norm = device_alloc<__nv_bfloat16>(kQLoraRank);
+  p.kv_a_norm = device_alloc<__nv_bfloat16>(kKvLoraRank);
+  fill_random_bf16<<<8, 256, 0, stream>>>(p.q_a_norm, kQLoraRank, 3, 2.f);
+  fill_random_bf16<<<8, 256, 0, stream>>>(p.kv_a_norm, kKvLoraRank, 4, 2.f);
+  p.projected = device_alloc<__nv_bfloat16>(size_t(rows) * p.pitch);
+  fill_random_bf16<<<256, 256, 0, stream>>>(p.projected, size_t(rows) * p.pitch, 5, 3.f);
+  std::vector<int64_t> slots(rows);
+  for (int r = 0; r < rows; ++r) slots[r] = (r * 37) % (rows * 2);
+  p.num_pages = (rows * 2 + 63) / 64;
+  p.page_stride = 64 * 576;
+  p.slots = device_alloc<int64_t>(rows);
+  MLA_CUDA_CHECK(cudaMemcpy(p.slots, slots.data(), rows * 8, cudaMemcpyHostToDevice));
+  p.query = device_alloc<uint8_t>(size_t(rows) * H * kKeyDim);
+  p.cache = device_alloc<uint8_t>(size_t(p.num_pages) * p.page_stride);
+  p.qn = device_alloc<__nv_bfloat16>(size_t(rows) * kQLoraRank);
+  p.kvn = device_alloc<__nv_bfloat16>(size_t(rows) * kKvLoraRank);
+  p.q = device_alloc<__nv_bfloat16>(size_t(rows) * H * kQkHeadDim);
+  p.ql = device_alloc<__nv_bfloat16>(size_t(rows) * H * kKvLoraRank);
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return p;
+}
+
+void free_problem(Problem& p) {
+  for (auto* x : p.q_b_proj) cudaFree(x);
+  for (auto* x : p.w_uk_t) cudaFree(x);
+  for (void* x : {(void*)p.q_a_norm, (void*)p.kv_a_norm, (void*)p.projected, (void*)p.slots, (void*)p.query,
+                  (void*)p.cache, (void*)p.qn, (void*)p.kvn, (void*)p.q, (void*)p.ql})
+    cudaFree(x);
+}
+
+float time_fused(Problem& p, const query::QueryPlan& plan, void* workspace, cudaStream_t stream) {
+  return time_graph(stream, [&](int i) {
+    query::QueryArgs a;
+    a.projected = p.projected;
+    a.pitch = p.pitch;
+    a.q_a_norm = p.q_a_norm;
+    a.kv_a_norm = p.kv_a_norm;
+    a.q_b_proj = p.q_b_proj[i % p.num_sets];
+    a.w_uk_t = p.w_uk_t[i % p.num_sets];
+    a.slots = p.slots;
+    a.q_scale = 0.02f;
+    a.k_scale = 0.01f;
+    a.query = p.query;
+    a.cache = p.cache;
+    a.stride_cache_page = p.page_stride;
+    a.num_cache_pages = p.num_pages;
+    a.workspace = workspace;
+    query::launch_query(plan, a, stream, true);
+  });
+}
+
+float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
+  const int H = p.H, rows = p.rows;
+  return time_graph(stream, [&](int i) {
+    const float alpha = 1.f, beta = 0.f;
+    bench::stock_rms_norm_kernel<<<rows, 256, 0, stream>>>(p.projected, p.pitch, p.q_a_norm, p.kv_a_norm, 1e-5f, p.qn, p.kvn);
+    MLA_CUDA_CHECK_LAUNCH();
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &alpha,
+                              p.q_b_proj[i % p.num_sets], CUDA_R_16BF, kQLoraRank, p.qn, CUDA_R_16BF, kQLoraRank, &beta,
+                              p.q, CUDA_R_16BF, H * kQkHeadDim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &alpha,
+                                            p.w_uk_t[i % p.num_sets], CUDA_R_16BF, kKvLoraRank, kNopeDim * kKvLoraRank,
+                                            p.q, CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &beta, p.ql, CUDA_R_16BF,
+                                            H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    bench::stock_quantize_kernel<<<dim3(rows, H), 128, 0, stream>>>(p.q, p.ql, p.kvn, p.projected, p.pitch, p.slots, H,
+                                                                  50.f, 100.f, p.query, p.cache, p.page_stride);
+    MLA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool sweep = false;
+  std::vector<int> heads = {12, 16, 64, 96, 128}, row_counts = {1, 4, 16, 64, 256};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+  }
+  cudaStream_t stream;
+  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas;
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  void* cublas_ws = device_alloc<uint8_t>(64 << 20);
+  CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws, 64 << 20));
+
+  cudaDeviceProp prop;
+  MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const Ceilings ceil = measure_ceilings(stream, cublas);
+  std::printf("device %s, %d SMs; copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s\n", prop.name,
+              prop.multiProcessorCount, ceil.copy_gbs, ceil.matrix_tflops);
+
+  void* workspace = device_alloc<uint8_t>(size_t(64) << 20);
+  if (sweep) {
+    std::printf("\n## sweep: fused time (us) by splits x absorb_cols\n");
+    for (int H : {12, 64, 128}) {
+      for (int rows : {1, 16, 64}) {
+        Problem p = make_problem(rows, H, stream);
+        for (int splits : {1, 2, 4, 8, 16}) {
+          std::printf("H=%3d rows=%3d splits=%2d:", H, rows, splits);
+          for (int cols : {32, 64, 128, 256}) {
+            const query::QueryPlan plan = query::make_query_plan(rows, H, {.num_splits = splits, .absorb_cols = cols});
+            if (plan.workspace_bytes > (size_t(64) << 20)) continue;
+            std::printf("  c%d %.2f", cols, time_fused(p, plan, workspace, stream));
+          }
+          std::printf("\n");
+        }
+        free_problem(p);
+      }
+    }
+  }
+
+  std::printf("\n| H | rows | fused us | GB/s | %% copy bw | TFLOP/s | stock us | stock/fused | plan |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (int H : heads) {
+    for (int rows : row_counts) {
+      Problem p = make_problem(rows, H, stream);
+      const query::QueryPlan plan = query::make_query_plan(rows, H);
+      if (plan.workspace_bytes > (size_t(64) << 20)) { std::printf("workspace too big\n"); continue; }
+      const float fused = time_fused(p, plan, workspace, stream);
+      const float stock = time_stock(p, cublas, stream);
+      const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
+      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | splits=%d cols=%d grid=%ux%ux%u |\n", H, rows,
+                  fused, gbs, 100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused,
+                  plan.num_splits, plan.absorb_cols, plan.proj_grid.x, plan.proj_grid.y, plan.proj_grid.z);
+      std::fflush(stdout);
+      free_problem(p);
+    }
+  }
+  MLA_CUDA_CHECK(cudaFree(workspace));
+  CUBLAS_CHECK(cublasDestroy(cublas));
+  return 0;
+}
