@@ -16,7 +16,7 @@ namespace mla::ref {
 namespace {
 
 using testing::HostStep;
-using testing::max_group_relative_error;
+using testing::expect_same_core;
 using testing::random_e4m3;
 using testing::random_step;
 
@@ -242,18 +242,6 @@ struct RandomCore {
   }
   CoreInputs inputs() { return testing::core_inputs(step, query, heads); }
 };
-
-void expect_same_core(const CoreResult& expected, const CoreResult& got) {
-  ASSERT_EQ(expected.lse.size(), got.lse.size());
-  for (size_t e = 0; e < expected.lse.size(); ++e) {
-    if (expected.lse[e] == kMinusInf) {
-      EXPECT_EQ(got.lse[e], kMinusInf) << e;
-    } else {
-      EXPECT_NEAR(got.lse[e], expected.lse[e], 1e-12) << e;
-    }
-  }
-  EXPECT_LE(max_group_relative_error(expected.latent, got.latent, kKvLoraRank), 1e-12);
-}
 
 TEST(RefCore, SplitCountDoesNotChangeTheResult) {
   for (int q : {1, 2}) {

@@ -2,9 +2,12 @@
 // ~N(0, 0.02), activations ~N(0, 1), FP8 scales chosen so that quantized values use the e4m3 range.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -206,6 +209,81 @@ inline double max_group_relative_error(const std::vector<double>& a, const std::
     else worst = std::max(worst, error);
   }
   return worst;
+}
+
+}  // namespace mla::ref::testing
+
+namespace mla::ref::testing {
+
+// Rank `dcp.rank`'s shard of a global step (whose lengths are the global totals): its local tokens
+// copied out of the global cache into its own pages, local lengths, the global totals, and slots
+// only for the new tokens it owns. Projected rows and out are left to the caller.
+inline HostStep shard_step(const HostStep& global, const DcpLayout& dcp) {
+  HostStep s;
+  s.num_heads = global.num_heads;
+  s.q = global.q;
+  s.rows = global.rows;
+  s.pitch = global.pitch;
+  s.totals = global.lengths;
+  const int64_t num_requests = static_cast<int64_t>(global.lengths.size());
+  for (int32_t total : global.lengths) s.lengths.push_back(static_cast<int32_t>(dcp_local_length(total, dcp)));
+  s.max_pages = global.max_pages;
+  // Pages in reverse request order with one unused page first, so that local page indices differ
+  // from the global ones.
+  s.block_table.assign(num_requests * s.max_pages, 0);
+  int64_t next_page = 1;
+  for (int64_t b = num_requests - 1; b >= 0; --b) {
+    for (int64_t p = 0; p < (s.lengths[b] + kPageSize - 1) / kPageSize; ++p) {
+      s.block_table[b * s.max_pages + p] = static_cast<int32_t>(next_page++);
+    }
+  }
+  s.num_pages = next_page;
+  s.page_stride = global.page_stride;
+  s.cache.assign(s.num_pages * s.page_stride, kCacheSentinel);
+  for (int64_t b = 0; b < num_requests; ++b) {
+    for (int64_t j = 0; j < s.lengths[b]; ++j) {
+      const uint8_t* from = global.token(b, dcp_global_position(j, dcp));
+      std::copy(from, from + kKeyDim, s.cache.begin() + (s.block_table[b * s.max_pages + j / kPageSize] * s.page_stride +
+                                                         (j % kPageSize) * kKeyDim));
+    }
+  }
+  s.slots.assign(s.rows, -1);
+  for (int64_t b = 0; b < num_requests; ++b) {
+    for (int i = 0; i < s.q; ++i) {
+      const int64_t position = s.totals[b] - s.q + i;
+      if (position < 0 || dcp_owner(position, dcp) != dcp.rank) continue;
+      const int64_t j = dcp_local_index(position, dcp);
+      s.slots[b * s.q + i] = int64_t{s.block_table[b * s.max_pages + j / kPageSize]} * kPageSize + j % kPageSize;
+    }
+  }
+  return s;
+}
+
+// Distance in bf16 units in the last place (the bit patterns ordered as integers).
+inline int bf16_ulp_distance(uint16_t a, uint16_t b) {
+  auto ordered = [](uint16_t x) { return (x & 0x8000) ? -int(x & 0x7fff) : int(x); };
+  return std::abs(ordered(a) - ordered(b));
+}
+
+}  // namespace mla::ref::testing
+
+namespace mla::ref::testing {
+
+// Same core result to 1e-12: LSE absolutely (-inf exactly), latent relative to each latent row's
+// largest element.
+inline void expect_same_core(const CoreResult& expected, const CoreResult& got) {
+  ASSERT_EQ(expected.rows, got.rows);
+  ASSERT_EQ(expected.heads, got.heads);
+  ASSERT_EQ(expected.lse.size(), got.lse.size());
+  ASSERT_EQ(expected.latent.size(), got.latent.size());
+  for (size_t e = 0; e < expected.lse.size(); ++e) {
+    if (expected.lse[e] == -std::numeric_limits<double>::infinity()) {
+      EXPECT_EQ(got.lse[e], expected.lse[e]) << "row x head " << e;
+    } else {
+      EXPECT_NEAR(got.lse[e], expected.lse[e], 1e-12) << "row x head " << e;
+    }
+  }
+  EXPECT_LE(max_group_relative_error(expected.latent, got.latent, kKvLoraRank), 1e-12);
 }
 
 }  // namespace mla::ref::testing
