@@ -139,42 +139,55 @@ __global__ void __launch_bounds__(kProjThreads) proj_kernel(const __grid_constan
 
   // Phase 2: RMSNorm of q_a for the CTA's rows; the K slice of qn goes to shared memory (bf16).
   // Each warp owns rows warp, warp+8, ...; lane holds columns (j*32 + lane)*8 + [0,8), j < 6.
-  for (int rr = warp; rr < kRowTile; rr += kProjWarps) {
-    const int row = row0 + rr;
-    __nv_bfloat16* dst = s_qn + rr * qn_stride;
-    if (row >= p.num_rows) {
-      for (int k = lane * 8; k < p.split_len; k += 256) *reinterpret_cast<uint4*>(dst + k) = make_uint4(0, 0, 0, 0);
-      continue;
+  // NOTE: with >= 16 rows, two rows per step so that 12 loads per lane are in flight (L2 round
+  // trips dominate); at 8 rows each warp has one row and the registers go to occupancy.
+  constexpr int kRowUnroll = kRowTile >= 16 ? 2 : 1;
+  for (int rr0 = warp; rr0 < kRowTile; rr0 += kRowUnroll * kProjWarps) {
+    uint4 v[kRowUnroll][6];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int rr = rr0 + u * kProjWarps, row = row0 + rr;
+      if (rr < kRowTile && row < p.num_rows) {
+        const __nv_bfloat16* src = p.projected + int64_t(row) * p.stride_projected_row + kProjectedQaOffset;
+#pragma unroll
+        for (int j = 0; j < 6; ++j) v[u][j] = *reinterpret_cast<const uint4*>(src + (j * 32 + lane) * 8);
+      }
     }
-    const __nv_bfloat16* src = p.projected + int64_t(row) * p.stride_projected_row + kProjectedQaOffset;
-    uint4 v[6];
 #pragma unroll
-    for (int j = 0; j < 6; ++j) v[j] = *reinterpret_cast<const uint4*>(src + (j * 32 + lane) * 8);
-    float ss = 0.f;
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int rr = rr0 + u * kProjWarps, row = row0 + rr;
+      if (rr >= kRowTile) continue;
+      __nv_bfloat16* dst = s_qn + rr * qn_stride;
+      if (row >= p.num_rows) {
+        for (int k = lane * 8; k < p.split_len; k += 256) *reinterpret_cast<uint4*>(dst + k) = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 6; ++j) {
-      float f[8];
-      unpack8(v[j], f);
+      for (int j = 0; j < 6; ++j) {
+        float f[8];
+        unpack8(v[u][j], f);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+      }
+      ss = warp_sum(ss);
+      const float inv_rms = rsqrtf(ss / float(kQLoraRank) + p.rms_eps);
+#pragma unroll
+      for (int j = 0; j < 6; ++j) {
+        const int k = (j * 32 + lane) * 8;
+        if (k < k0 || k >= k0 + p.split_len) continue;
+        float f[8], w[8];
+        unpack8(v[u][j], f);
+        unpack8(*reinterpret_cast<const uint4*>(p.q_a_norm + k), w);
+        uint4 out;
+        out.x = pack_bf16x2(f[0] * inv_rms * w[0], f[1] * inv_rms * w[1]);
+        out.y = pack_bf16x2(f[2] * inv_rms * w[2], f[3] * inv_rms * w[3]);
+        out.z = pack_bf16x2(f[4] * inv_rms * w[4], f[5] * inv_rms * w[5]);
+        out.w = pack_bf16x2(f[6] * inv_rms * w[6], f[7] * inv_rms * w[7]);
+        *reinterpret_cast<uint4*>(dst + (k - k0)) = out;
+      }
+      if (lane == 0) s_inv_rms[rr] = inv_rms;
     }
-    ss = warp_sum(ss);
-    const float inv_rms = rsqrtf(ss / float(kQLoraRank) + p.rms_eps);
-#pragma unroll
-    for (int j = 0; j < 6; ++j) {
-      const int k = (j * 32 + lane) * 8;
-      if (k < k0 || k >= k0 + p.split_len) continue;
-      float f[8], w[8];
-      unpack8(v[j], f);
-      unpack8(*reinterpret_cast<const uint4*>(p.q_a_norm + k), w);
-      uint4 out;
-      out.x = pack_bf16x2(f[0] * inv_rms * w[0], f[1] * inv_rms * w[1]);
-      out.y = pack_bf16x2(f[2] * inv_rms * w[2], f[3] * inv_rms * w[3]);
-      out.z = pack_bf16x2(f[4] * inv_rms * w[4], f[5] * inv_rms * w[5]);
-      out.w = pack_bf16x2(f[6] * inv_rms * w[6], f[7] * inv_rms * w[7]);
-      *reinterpret_cast<uint4*>(dst + (k - k0)) = out;
-    }
-    if (lane == 0) s_inv_rms[rr] = inv_rms;
   }
   __syncthreads();
   if (!active) return;
@@ -256,32 +269,44 @@ __global__ void __launch_bounds__(kAbsorbThreads) absorb_kernel(const __grid_con
   grid_dependency_wait();
 
   // Phase 2: q = bf16(sum of split partials); nope part -> shared memory; rope part -> query bytes.
+  // NOTE: kSumBatch items per thread have their loads in flight together (the workspace sits in
+  // L2; one round trip per item would dominate at 64 rows).
   {
-    const int num_vec = p.absorb_rows * (kQkHeadDim / 4);  // float4 groups of the head's 192 features
+    constexpr int kSumBatch = 4;
+    constexpr int kVecPerRow = kQkHeadDim / 4;  // float4 groups of the head's 192 features
+    const int num_vec = p.absorb_rows * kVecPerRow;
     const int64_t split_stride = int64_t(p.num_rows) * num_features;
-    for (int i = threadIdx.x; i < num_vec; i += kAbsorbThreads) {
-      const int rr = i / (kQkHeadDim / 4), f = (i % (kQkHeadDim / 4)) * 4;
-      const bool rope = f >= kNopeDim;
-      if (rope && blockIdx.x != 0) continue;
-      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (rr < rows_here) {
+    for (int base = threadIdx.x; base < num_vec; base += kSumBatch * kAbsorbThreads) {
+      float4 s[kSumBatch];
+#pragma unroll
+      for (int u = 0; u < kSumBatch; ++u) {
+        s[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        const int i = base + u * kAbsorbThreads;
+        const int rr = i / kVecPerRow, f = (i % kVecPerRow) * 4;
+        if (i >= num_vec || rr >= rows_here || (f >= kNopeDim && blockIdx.x != 0)) continue;
         const float* src = p.workspace + int64_t(row0 + rr) * num_features + head * kQkHeadDim + f;
         for (int sp = 0; sp < p.num_splits; ++sp) {
           const float4 v = *reinterpret_cast<const float4*>(src + sp * split_stride);
-          s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+          s[u].x += v.x; s[u].y += v.y; s[u].z += v.z; s[u].w += v.w;
         }
       }
-      const uint32_t lo = pack_bf16x2(s.x, s.y), hi = pack_bf16x2(s.z, s.w);
-      if (!rope) {
-        *reinterpret_cast<uint2*>(s_q + rr * q_stride + f) = make_uint2(lo, hi);
-      } else if (rr < rows_here) {
-        const float q0 = __uint_as_float(lo << 16), q1 = __uint_as_float(lo & 0xffff0000u);
-        const float q2 = __uint_as_float(hi << 16), q3 = __uint_as_float(hi & 0xffff0000u);
-        const uint32_t bytes = uint32_t(e4m3x2(q0 * p.inv_q_scale, q1 * p.inv_q_scale)) |
-                               (uint32_t(e4m3x2(q2 * p.inv_q_scale, q3 * p.inv_q_scale)) << 16);
-        uint8_t* dst = p.query + (int64_t(row0 + rr) * p.num_heads_out + p.head_offset + head) * kKeyDim +
-                       kKvLoraRank + (f - kNopeDim);
-        *reinterpret_cast<uint32_t*>(dst) = bytes;
+#pragma unroll
+      for (int u = 0; u < kSumBatch; ++u) {
+        const int i = base + u * kAbsorbThreads;
+        if (i >= num_vec) continue;
+        const int rr = i / kVecPerRow, f = (i % kVecPerRow) * 4;
+        const uint32_t lo = pack_bf16x2(s[u].x, s[u].y), hi = pack_bf16x2(s[u].z, s[u].w);
+        if (f < kNopeDim) {
+          *reinterpret_cast<uint2*>(s_q + rr * q_stride + f) = make_uint2(lo, hi);
+        } else if (blockIdx.x == 0 && rr < rows_here) {
+          const float q0 = __uint_as_float(lo << 16), q1 = __uint_as_float(lo & 0xffff0000u);
+          const float q2 = __uint_as_float(hi << 16), q3 = __uint_as_float(hi & 0xffff0000u);
+          const uint32_t bytes = uint32_t(e4m3x2(q0 * p.inv_q_scale, q1 * p.inv_q_scale)) |
+                                 (uint32_t(e4m3x2(q2 * p.inv_q_scale, q3 * p.inv_q_scale)) << 16);
+          uint8_t* dst = p.query + (int64_t(row0 + rr) * p.num_heads_out + p.head_offset + head) * kKeyDim +
+                         kKvLoraRank + (f - kNopeDim);
+          *reinterpret_cast<uint32_t*>(dst) = bytes;
+        }
       }
     }
   }

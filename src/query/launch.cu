@@ -11,8 +11,6 @@
 namespace mla::query {
 namespace {
 
-constexpr int kNumSms = 132;  // H200 / H100 SXM; only steers the split heuristics
-
 bool divides_chunks(int splits) { return splits >= 1 && kNumKChunks % splits == 0; }
 
 // The one table of proj_kernel instantiations: row tile -> kernel.
@@ -48,7 +46,11 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
   plan.num_heads = num_heads;
 
   // ---- proj_kernel: row tile, then the K split that keeps every SM streaming weights ----
-  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64);
+  // NOTE: the table below is the best of a sweep on an H200 (src/query/README.md): few rows are
+  // weight-bandwidth bound and want many CTAs; each CTA pays the RMSNorm of its rows (an L2 read of
+  // 3 KB per row), so more splits stop paying once the norm traffic matches the weight slice.
+  plan.row_tile = overrides.row_tile ? overrides.row_tile
+                                     : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 64 : 32);
   (void)proj_kernel_for(plan.row_tile);
   const int num_row_chunks = int((rows + plan.row_tile - 1) / plan.row_tile);
   const int feature_groups = (num_heads * kTilesPerHead + kProjWarps - 1) / kProjWarps;
@@ -56,16 +58,14 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
     if (!divides_chunks(overrides.num_splits))
       throw_bad_argument("num_splits", "a divisor of 48", std::to_string(overrides.num_splits));
     plan.num_splits = overrides.num_splits;
+  } else if (rows <= 8) {
+    plan.num_splits = feature_groups <= 24 ? 16 : 8;
+  } else if (rows <= 16) {
+    plan.num_splits = feature_groups >= 192 ? 2 : 4;
+  } else if (rows <= 64) {
+    plan.num_splits = 4;
   } else {
-    // NOTE: few rows are weight-bandwidth bound: aim for >= 2 CTAs (16 streaming warps) per SM,
-    // but keep >= 6 chunks (6 KB) per warp so the per-CTA norm and the partials stay cheap.
-    const int target_ctas = 2 * kNumSms;
-    int splits = 1;
-    for (int s : {1, 2, 4, 8}) {
-      splits = s;
-      if (feature_groups * num_row_chunks * s >= target_ctas) break;
-    }
-    plan.num_splits = splits;
+    plan.num_splits = 1;
   }
   // Shared memory: the normed q_a slice of the row tile must fit (and leave room for a second CTA).
   while (ProjSmemPlan{plan.row_tile, kQLoraRank / plan.num_splits}.bytes() > 110 * 1024 && plan.num_splits < 48) {
@@ -85,10 +85,10 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
     if (overrides.absorb_cols < 32 || overrides.absorb_cols > 512 || (overrides.absorb_cols & (overrides.absorb_cols - 1)))
       throw_bad_argument("absorb_cols", "32, 64, 128, 256 or 512", std::to_string(overrides.absorb_cols));
     plan.absorb_cols = overrides.absorb_cols;
+  } else if (rows <= 16) {
+    plan.absorb_cols = num_heads >= 64 ? 128 : 32;
   } else {
-    int cols = 512;
-    while (cols > 32 && num_heads * absorb_row_chunks * (kKvLoraRank / cols) < 2 * kNumSms) cols /= 2;
-    plan.absorb_cols = cols;
+    plan.absorb_cols = num_heads >= 128 ? 256 : num_heads >= 64 ? 64 : 32;
   }
   plan.absorb_grid = dim3(kKvLoraRank / plan.absorb_cols, num_heads, absorb_row_chunks);
   plan.absorb_smem = AbsorbSmemPlan{plan.absorb_cols, plan.absorb_rows}.bytes();

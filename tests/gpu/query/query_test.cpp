@@ -31,18 +31,20 @@ constexpr uint8_t kCacheSentinel = 0xa5;  // -0.078125 in e4m3: a real value, so
 constexpr uint8_t kQueryPoison = 0x7f;    // e4m3 NaN: any unwritten query byte fails
 
 // ---- Error model ---------------------------------------------------------------------------------
-// fp32 relative error bounds of the kernel's steps (each one the worst case of its operation count):
-// - RMSNorm: the sum of squares is 48 (q_a) or 16 (kv_a) sequential fp32 adds per lane and a 5-level
-//   warp tree (<= 53 * 2^-24 relative), halved by the square root, plus rsqrtf (2 ulp) and two
-//   multiplies: < 2^-18 relative on bf16(x * inv_rms * w) before rounding.
+// fp32 error bounds of the kernel's steps:
+// - RMSNorm: the sum of squares is 48 (q_a) or 16 (kv_a) fp32 adds of positive terms per lane and a
+//   5-level warp tree (<= 53 * 2^-24 relative, rigorous), halved by the square root, plus rsqrtf
+//   (2 ulp) and two multiplies: < 2^-18 relative on x * inv_rms * w before the bf16 rounding.
 // - x * (1/scale) in fp32 against x / scale in double: 1/scale and the product each round once: 2^-22.
-// - q_b_proj: 1536 fp32 accumulations (tensor-core accumulators may truncate: one ulp, 2^-23, each)
-//   of terms whose absolute values sum to S: <= 1536 * 2^-23 S < 2^-12 S.
-// - absorption: 128 accumulations: <= 2^7 * 2^-23 S = 2^-16 S.
+// - q_b_proj on mma.sync: the tensor-core fp32 accumulation is not IEEE round-to-nearest (it
+//   truncates when aligning the addends of each k-group); measured on an H200 up to 2^-18.3 of
+//   S = sum |w * qn| (1536 terms). The bound is 2^-16 S (4x that). It is checked directly on the
+//   kernel's fp32 partial sums (stage check below), so a kernel outside it fails visibly.
+// - absorption: 128 terms: 2^-19 of sum |q * w| (the same model scaled by 128/1536, with margin).
 constexpr double kNormRel = 0x1p-18;
 constexpr double kScalarRel = 0x1p-22;
-constexpr double kQbAccumRel = 0x1p-12;
-constexpr double kAbsorbAccumRel = 0x1p-16;
+constexpr double kQbAccumRel = 0x1p-16;
+constexpr double kAbsorbAccumRel = 0x1p-19;
 
 // Distance from x to the nearest bf16 rounding midpoint, and the gap to the other neighbour
 // (how far a flipped rounding moves the value).
@@ -164,6 +166,27 @@ bool check_byte(uint8_t got, double x, double bound, Outcome& outcome, std::stri
   return false;
 }
 
+// The spec-level check against the pure double reference: `got` must be the e4m3 of some value
+// within `bound` of x (ordinals are monotonic in value), so it is identical to e4m3(x) wherever x is
+// farther than `bound` from every rounding midpoint.
+bool check_interval(uint8_t got, double x, double bound, int64_t& differing, std::string& failure,
+                    const std::string& where) {
+  const uint8_t want = ref::e4m3_from_double(x);
+  if (got == want || (e4m3_ordinal(got) == 0 && e4m3_ordinal(want) == 0)) return true;
+  const int lo = e4m3_ordinal(ref::e4m3_from_double(x - bound)), hi = e4m3_ordinal(ref::e4m3_from_double(x + bound));
+  if (!e4m3_is_nan(got) && e4m3_ordinal(got) >= lo && e4m3_ordinal(got) <= hi) {
+    ++differing;
+    return true;
+  }
+  if (failure.empty()) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s: got 0x%02x (%g) want 0x%02x (%g), reference %.9g, bound %.3g (spec-level check)",
+             where.c_str(), got, ref::e4m3_to_double(got), want, ref::e4m3_to_double(want), x, bound);
+    failure = buf;
+  }
+  return false;
+}
+
 // Runs the query stage for `c` on the GPU and compares every checked byte. `pdl_producer`: the
 // projected rows are written by a delayed producer kernel right before the PDL launch.
 void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
@@ -256,6 +279,10 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   const std::vector<uint8_t> query = d_query.download();
   const std::vector<uint8_t> cache = d_cache.download();
+  std::vector<float> workspace(plan.workspace_bytes / sizeof(float));
+  MLA_CUDA_CHECK(cudaMemcpy(workspace.data(), d_workspace.get(), plan.workspace_bytes, cudaMemcpyDeviceToHost));
+  const int64_t split_stride = int64_t(rows) * H * kQkHeadDim;
+  int64_t spec_differing = 0;
 
   Outcome outcome;
   std::string failure;
@@ -294,8 +321,13 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
       qn[k] = b.value;
       if (b.distance <= kNormRel * std::fabs(x)) qn_flip[k] = b.flip;
     }
-    // Stage 2: q = bf16(q_b_proj . qn) and its possible flips; stage 3: ql and its bound.
-    std::vector<double> q(kQkHeadDim), q_flip(kQkHeadDim);
+    // Stage 2: q = bf16(q_b_proj . qn). Per element: the double value, the kernel's bf16 q (its
+    // fp32 partials summed in the kernel's order), and how far the kernel's q may be from the
+    // reference's (q_dev). Stage 3: ql from both, checked at two levels:
+    //  - stage level (tight): bytes from the kernel's own q must be identical to e4m3 of the double
+    //    ql computed from it, except within the absorption bound of a midpoint (then one step);
+    //  - spec level: bytes within the e4m3 image of [x - bound, x + bound] of the pure reference.
+    std::vector<double> q(kQkHeadDim), q_dev(kQkHeadDim), q_kernel(kQkHeadDim);
     for (int h = 0; h < H; ++h) {
       for (int d = 0; d < kQkHeadDim; ++d) {
         const uint16_t* wr = w.q_b_proj.data() + (size_t(h) * kQkHeadDim + d) * kQLoraRank;
@@ -306,32 +338,55 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
           abs_sum += std::fabs(wk * qn[k]);
           moved += std::fabs(wk) * qn_flip[k];
         }
+        const double eps = kQbAccumRel * abs_sum + moved;
+        float partial_sum = 0.f;
+        for (int sp = 0; sp < plan.num_splits; ++sp)
+          partial_sum += workspace[sp * split_stride + int64_t(r) * H * kQkHeadDim + h * kQkHeadDim + d];
+        if (!(std::fabs(double(partial_sum) - sum) <= eps)) {
+          ++failures;
+          if (failure.empty()) {
+            char buf[200];
+            snprintf(buf, sizeof buf, "q partial sums row %d head %d dim %d: %.9g vs %.9g, bound %.3g", r, h, d,
+                     double(partial_sum), sum, eps);
+            failure = buf;
+          }
+        }
+        q_kernel[d] = ref::bf16_to_double(ref::bf16_from_double(double(partial_sum)));
         const Bf16Rounding b = bf16_rounding(sum);
         q[d] = b.value;
-        q_flip[d] = (b.distance <= kQbAccumRel * abs_sum + moved) ? b.flip : 0.0;
+        q_dev[d] = (b.distance <= eps) ? b.flip + eps : 0.0;
       }
       const uint8_t* got = query.data() + (size_t(r) * H_out + c.head_offset + h) * kKeyDim;
       const std::string where = "query row " + std::to_string(r) + " head " + std::to_string(h);
-      std::vector<double> ql(kKvLoraRank, 0.0), ql_abs(kKvLoraRank, 0.0), ql_moved(kKvLoraRank, 0.0);
+      std::vector<double> ql(kKvLoraRank, 0.0), ql_k(kKvLoraRank, 0.0), ql_abs(kKvLoraRank, 0.0),
+          ql_moved(kKvLoraRank, 0.0);
       for (int d = 0; d < kNopeDim; ++d) {
         const uint16_t* wr = w.w_uk_t.data() + (size_t(h) * kNopeDim + d) * kKvLoraRank;
         for (int col = 0; col < kKvLoraRank; ++col) {
           const double wc = ref::bf16_to_double(wr[col]);
           ql[col] += q[d] * wc;
-          ql_abs[col] += std::fabs(q[d] * wc);
-          ql_moved[col] += q_flip[d] * std::fabs(wc);
+          ql_k[col] += q_kernel[d] * wc;
+          ql_abs[col] += std::fabs(q_kernel[d] * wc);
+          ql_moved[col] += q_dev[d] * std::fabs(wc);
         }
       }
       for (int col = 0; col < kKvLoraRank; ++col) {
+        const std::string at = where + " col " + std::to_string(col);
+        const double xk = ql_k[col] / w.q_scale;
+        const double tight = kAbsorbAccumRel * ql_abs[col] / w.q_scale + kScalarRel * std::fabs(xk);
+        if (!check_byte(got[col], xk, tight, outcome, failure, at + " (stage level)")) ++failures;
         const double x = ql[col] / w.q_scale;
-        const double bound = (kAbsorbAccumRel * ql_abs[col] + ql_moved[col]) / w.q_scale + kScalarRel * std::fabs(x);
-        if (!check_byte(got[col], x, bound, outcome, failure, where + " col " + std::to_string(col))) ++failures;
+        const double bound = tight + ql_moved[col] / w.q_scale + kScalarRel * std::fabs(x);
+        if (!check_interval(got[col], x, bound, spec_differing, failure, at)) ++failures;
       }
       for (int d = 0; d < kRopeDim; ++d) {
-        const double x = q[kNopeDim + d] / w.q_scale;
-        const double bound = q_flip[kNopeDim + d] / w.q_scale + kScalarRel * std::fabs(x);
-        if (!check_byte(got[kKvLoraRank + d], x, bound, outcome, failure, where + " rope " + std::to_string(d)))
+        const std::string at = where + " rope " + std::to_string(d);
+        const double xk = q_kernel[kNopeDim + d] / w.q_scale;
+        if (!check_byte(got[kKvLoraRank + d], xk, kScalarRel * std::fabs(xk), outcome, failure, at + " (stage level)"))
           ++failures;
+        const double x = q[kNopeDim + d] / w.q_scale;
+        const double bound = q_dev[kNopeDim + d] / w.q_scale + kScalarRel * std::fabs(x);
+        if (!check_interval(got[kKvLoraRank + d], x, bound, spec_differing, failure, at)) ++failures;
       }
     }
     // Cross-check the first checked row against the reference library (the spec's own code).
@@ -347,7 +402,8 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
           const uint8_t a = rbytes[size_t(h) * kKeyDim + d], b = query[(size_t(r) * H_out + c.head_offset + h) * kKeyDim + d];
           if (e4m3_is_nan(b) || std::abs(e4m3_ordinal(a) - e4m3_ordinal(b)) > 1) ++far;
         }
-      EXPECT_EQ(far, 0) << "bytes more than one e4m3 step from mla::ref::quantize_query in row " << r;
+      // Near zero one flipped bf16 q element moves ql by several (tiny) e4m3 steps: allow a few.
+      EXPECT_LE(far, int64_t(H) * kKeyDim / 1000 + 4) << "bytes more than one e4m3 step from mla::ref::quantize_query in row " << r;
     }
   }
 
@@ -394,8 +450,9 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   // Near-boundary differences are legitimate but must stay rare; a systematic error would flood them.
   EXPECT_LE(outcome.near_boundary_diffs, std::max<int64_t>(8, outcome.bytes_checked / 2000))
       << "of " << outcome.bytes_checked << " bytes checked";
-  std::printf("[query] H=%d rows=%d: %lld bytes checked, %lld near-boundary differences; %s\n", H, rows,
-              (long long)outcome.bytes_checked, (long long)outcome.near_boundary_diffs, plan.describe().c_str());
+  std::printf("[query] H=%d rows=%d: %lld bytes checked, %lld near-boundary differences (stage level), %lld bytes "
+              "differ from the pure reference within the bound; %s\n", H, rows, (long long)outcome.bytes_checked,
+              (long long)outcome.near_boundary_diffs, (long long)spec_differing, plan.describe().c_str());
 }
 
 // ---- Tests ---------------------------------------------------------------------------------------
