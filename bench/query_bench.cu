@@ -274,16 +274,16 @@ int main(int argc, char** argv) {
 
   void* workspace = device_alloc<uint8_t>(size_t(64) << 20);
   if (sweep) {
-    std::printf("\n## sweep: fused time (us) by splits x absorb_cols\n");
+    std::printf("\n## sweep: fused time (us) by splits (s) x PDL trigger of proj_kernel (early/late)\n");
     for (int H : {12, 64, 128}) {
-      for (int rows : {1, 16, 64}) {
+      for (int rows : {1, 16, 64, 256}) {
         Problem p = make_problem(rows, H, stream);
         for (int splits : {1, 2, 4, 8, 16}) {
-          std::printf("H=%3d rows=%3d splits=%2d:", H, rows, splits);
-          for (int cols : {32, 64, 128, 256}) {
-            const query::QueryPlan plan = query::make_query_plan(rows, H, {.num_splits = splits, .absorb_cols = cols});
+          std::printf("H=%3d rows=%3d s=%2d:", H, rows, splits);
+          for (int trigger : {1, 2}) {
+            const query::QueryPlan plan = query::make_query_plan(rows, H, {.num_splits = splits, .trigger = trigger});
             if (plan.workspace_bytes > (size_t(64) << 20)) continue;
-            std::printf("  c%d %.2f", cols, time_fused(p, plan, workspace, stream));
+            std::printf("  %s %.2f", trigger == 1 ? "early" : "late", time_fused(p, plan, workspace, stream));
           }
           std::printf("\n");
         }
@@ -302,9 +302,9 @@ int main(int argc, char** argv) {
       const float fused = time_fused(p, plan, workspace, stream);
       const float stock = time_stock(p, cublas, stream);
       const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
-      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | splits=%d cols=%d grid=%ux%ux%u |\n", H, rows,
+      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | splits=%d trigger=%s cols=%d grid=%ux%ux%u |\n", H, rows,
                   fused, gbs, 100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused,
-                  plan.num_splits, plan.absorb_cols, plan.proj_grid.x, plan.proj_grid.y, plan.proj_grid.z);
+                  plan.num_splits, plan.trigger_early ? "early" : "late", plan.absorb_cols, plan.proj_grid.x, plan.proj_grid.y, plan.proj_grid.z);
       std::fflush(stdout);
       free_problem(p);
     }

@@ -135,13 +135,14 @@ __global__ void __launch_bounds__(kProjThreads) proj_kernel(const __grid_constan
 
   // Phase 1: wait for the producer of `projected`; our dependent may start its own prologue.
   grid_dependency_wait();
-  trigger_dependents();  // NOTE: absorb_kernel's griddepcontrol.wait still waits for our completion.
+  // NOTE: absorb_kernel's griddepcontrol.wait waits for this grid's completion whatever the trigger
+  // time; triggering early lets its W_UK_T prefetch overlap us, but its resident CTAs then take SM
+  // slots from our later waves (launch.cu: which one the planner picks).
+  if (p.trigger_early) trigger_dependents();
 
   // Phase 2: RMSNorm of q_a for the CTA's rows; the K slice of qn goes to shared memory (bf16).
   // Each warp owns rows warp, warp+8, ...; lane holds columns (j*32 + lane)*8 + [0,8), j < 6.
-  // NOTE: with >= 16 rows, two rows per step so that 12 loads per lane are in flight (L2 round
-  // trips dominate); at 8 rows each warp has one row and the registers go to occupancy.
-  constexpr int kRowUnroll = kRowTile >= 16 ? 2 : 1;
+  constexpr int kRowUnroll = 1;  // measured: 2 (more loads in flight) costs occupancy and was slower
   for (int rr0 = warp; rr0 < kRowTile; rr0 += kRowUnroll * kProjWarps) {
     uint4 v[kRowUnroll][6];
 #pragma unroll
@@ -190,7 +191,10 @@ __global__ void __launch_bounds__(kProjThreads) proj_kernel(const __grid_constan
     }
   }
   __syncthreads();
-  if (!active) return;
+  if (!active) {
+    if (!p.trigger_early) trigger_dependents();
+    return;
+  }
 
   // Phase 3: stream the weight tile over the K slice; kProjPrefetch chunks in flight.
   float acc[kNTiles][4];
@@ -232,6 +236,7 @@ __global__ void __launch_bounds__(kProjThreads) proj_kernel(const __grid_constan
       ws[int64_t(r + 1) * num_features + 8] = acc[n][3];
     }
   }
+  if (!p.trigger_early) trigger_dependents();  // after this CTA's last store
 }
 
 // ---- Kernel 2: absorption, query quantization, cache rows ----------------------------------------

@@ -31,7 +31,7 @@ int round_up8(int64_t x) { return int((x + 7) / 8 * 8); }
 
 std::string QueryPlan::describe() const {
   std::ostringstream s;
-  s << "rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " splits=" << num_splits
+  s << "rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " splits=" << num_splits << " trigger=" << (trigger_early ? "early" : "late")
     << " proj_grid=" << proj_grid.x << "x" << proj_grid.y << "x" << proj_grid.z << " absorb_cols=" << absorb_cols
     << " absorb_rows=" << absorb_rows << " absorb_grid=" << absorb_grid.x << "x" << absorb_grid.y << "x"
     << absorb_grid.z << " workspace=" << workspace_bytes;
@@ -97,6 +97,13 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
                                       int(plan.proj_smem)));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(plan.absorb_smem)));
+
+  // ---- PDL trigger of proj_kernel ----
+  if (overrides.trigger < 0 || overrides.trigger > 2)
+    throw_bad_argument("trigger", "0 (planner), 1 (early) or 2 (late)", std::to_string(overrides.trigger));
+  // NOTE: the default stays early (the measured behaviour of every table in bench/results/query.md);
+  // the late trigger (after each CTA's last store) is an override until it has been measured.
+  plan.trigger_early = overrides.trigger != 2;
   return plan;
 }
 
@@ -139,6 +146,7 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.workspace = static_cast<float*>(args.workspace);
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
+  p.trigger_early = plan.trigger_early ? 1 : 0;
   p.absorb_cols = plan.absorb_cols;
   p.absorb_rows = plan.absorb_rows;
 

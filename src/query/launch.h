@@ -20,6 +20,7 @@ struct QueryPlanOverrides {
   int num_splits = 0;    // K splits of q_b_proj: a divisor of 48 (1, 2, 3, 4, 6, 8, 12, 16, 24, 48)
   int absorb_cols = 0;   // latent columns per absorb CTA: 32, 64, 128, 256 or 512
   int row_tile = 0;      // rows per proj CTA: 8, 16, 32 or 64
+  int trigger = 0;       // 0 = planner (early), 1 = early, 2 = after each proj CTA's last store
 };
 
 struct QueryPlan {
@@ -29,6 +30,7 @@ struct QueryPlan {
   int row_tile = 8;          // 8 * n-tiles
   int num_splits = 1;
   int split_len = 1536;
+  bool trigger_early = true;  // proj_kernel lets absorb_kernel launch right after its own wait
   dim3 proj_grid;
   size_t proj_smem = 0;
   // absorb_kernel

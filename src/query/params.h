@@ -35,6 +35,7 @@ struct QueryParams {
   float* workspace = nullptr;                // [num_splits, num_rows, H*192] fp32 partial sums of q_b_proj . qn
   int num_splits = 1;                        // splits of the 1536-long reduction of q_b_proj
   int split_len = 1536;                      // 1536 / num_splits, a multiple of 32
+  int trigger_early = 0;                     // 1: proj_kernel lets absorb_kernel launch right after its wait
 
   // ---- Absorption tiling ----
   int absorb_cols = 512;                     // latent columns per CTA of the absorb kernel (32..512)

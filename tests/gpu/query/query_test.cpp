@@ -504,6 +504,7 @@ TEST(Query, EverySplitAndTilingGivesTheSameBytes) {
       c.overrides.num_splits = splits;
       c.overrides.absorb_cols = cols;
       c.overrides.row_tile = splits == 48 ? 8 : 32;
+      c.overrides.trigger = cols == 32 ? 1 : 2;  // both PDL trigger points of proj_kernel
       run_case(c);
     }
   }
@@ -516,6 +517,7 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(4, 129), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.num_splits = 5}), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.absorb_cols = 48}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.trigger = 3}), Error);
 }
 
 }  // namespace
