@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Plots bench/results/step.csv (written by `step_bench --csv`) as a PNG a user would rather look at
+than read: per (H, q) panel, µs per step against batch rows for each context, fused (solid) against
+the floor (dotted) and the stock composition (dashed). Needs matplotlib (present on the H200 image).
+
+    python3 bench/plot_step.py bench/results/step.csv bench/results/step.png
+"""
+import csv
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(csv_path: str, png_path: str) -> None:
+    rows = list(csv.DictReader(open(csv_path)))
+    panels = sorted({(int(r["heads"]), int(r["q"])) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    colors = {4096: "tab:blue", 32768: "tab:orange", 131072: "tab:green"}
+    for ax, (heads, q) in zip(axes[0], panels):
+        series = defaultdict(list)
+        for r in rows:
+            if int(r["heads"]) == heads and int(r["q"]) == q:
+                series[int(r["context"])].append(r)
+        for context, points in sorted(series.items()):
+            points.sort(key=lambda r: int(r["rows"]))
+            x = [int(r["rows"]) for r in points]
+            color = colors.get(context, None)
+            label = f"{context // 1024}k"
+            ax.plot(x, [float(r["fused_us"]) for r in points], "-o", color=color, label=f"fused {label}")
+            ax.plot(x, [float(r["floor_us"]) for r in points], ":", color=color, label=f"floor {label}")
+            ax.plot(x, [float(r["stock_us"]) for r in points], "--", color=color, alpha=0.6, label=f"stock {label}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch rows")
+        ax.set_ylabel("µs per decode step")
+        ax.set_title(f"H = {heads}, q = {q}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=3)
+    fig.suptitle("mla-decode whole step on one H200: fused vs floor vs stock composition")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
