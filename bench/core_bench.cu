@@ -1,0 +1,232 @@
+// Benchmark of the FP8 attention core (src/core): the shapes of issue 4 on random (never zero) FP8
+// data, CUDA events over graph replays (20 launches per graph, median of the replays), page sets
+// rotated so that the KV footprint of one graph exceeds the L2. Reports µs per step, GB/s over the
+// visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
+// the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
+//
+//   core_bench [--out results.md] [--stages 0|2|3|4 ...]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "core/launch.h"
+#include "mla/dims.h"
+
+namespace {
+
+// Random e4m3 bytes in (-2, 2): bit 6 (the top exponent bit) cleared, so no NaN and no huge values.
+__global__ void fill_fp8(uint8_t* data, int64_t bytes, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    data[i] = static_cast<uint8_t>(h) & 0xbf;
+  }
+}
+
+struct Shape {
+  int batch;
+  int context;
+  int heads;
+  int q;
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{2} << 30;
+  void *a, *b;
+  MLA_CUDA_CHECK(cudaMalloc(&a, bytes));
+  MLA_CUDA_CHECK(cudaMalloc(&b, bytes));
+  MLA_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start));
+  MLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < 12; ++i) {
+    MLA_CUDA_CHECK(cudaEventRecord(start));
+    MLA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    MLA_CUDA_CHECK(cudaEventRecord(stop));
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (i >= 2) ms.push_back(t);
+  }
+  MLA_CUDA_CHECK(cudaFree(a));
+  MLA_CUDA_CHECK(cudaFree(b));
+  MLA_CUDA_CHECK(cudaEventDestroy(start));
+  MLA_CUDA_CHECK(cudaEventDestroy(stop));
+  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
+}
+
+struct Result {
+  double us, gbs, pct, tflops;
+  int splits, stages, ctas_per_sm;
+};
+
+Result bench_shape(const Shape& s, int stages, double copy_gbs) {
+  const int64_t rows = int64_t{s.batch} * s.q;
+  const int pages_per_request = (s.context + mla::kPageSize - 1) / mla::kPageSize;
+  const int64_t pages_per_set = int64_t{s.batch} * pages_per_request;
+  const int64_t page_bytes = int64_t{mla::kPageSize} * mla::kKeyDim;
+  const int64_t set_bytes = pages_per_set * page_bytes;
+  const int num_sets = static_cast<int>(std::max<int64_t>(1, (int64_t{400} << 20) / set_bytes + 1));
+  const int64_t num_pages = pages_per_set * num_sets;
+
+  uint8_t *cache, *query;
+  int32_t *tables, *lengths;
+  void *latent, *workspace = nullptr;
+  float* lse;
+  MLA_CUDA_CHECK(cudaMalloc(&cache, num_pages * page_bytes));
+  MLA_CUDA_CHECK(cudaMalloc(&query, rows * s.heads * mla::kKeyDim));
+  MLA_CUDA_CHECK(cudaMalloc(&tables, num_pages * sizeof(int32_t)));
+  MLA_CUDA_CHECK(cudaMalloc(&lengths, s.batch * sizeof(int32_t)));
+  MLA_CUDA_CHECK(cudaMalloc(&latent, rows * s.heads * mla::kKvLoraRank * 2));
+  MLA_CUDA_CHECK(cudaMalloc(&lse, rows * s.heads * sizeof(float)));
+  fill_fp8<<<1024, 256>>>(cache, num_pages * page_bytes, 1);
+  fill_fp8<<<1024, 256>>>(query, rows * s.heads * mla::kKeyDim, 2);
+  MLA_CUDA_CHECK_LAUNCH();
+  // Page p of set k: a strided permutation so neighbouring block-table entries are far apart.
+  std::vector<int32_t> table(num_pages);
+  for (int64_t i = 0; i < num_pages; ++i) table[i] = static_cast<int32_t>((i * 7919) % num_pages);
+  MLA_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  std::vector<int32_t> len(s.batch, s.context);
+  MLA_CUDA_CHECK(cudaMemcpy(lengths, len.data(), len.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+  mla::core::CoreShape shape;
+  shape.rows = rows;
+  shape.heads = s.heads;
+  shape.q = s.q;
+  shape.max_context = s.context;
+  shape.stages = stages;
+  const mla::core::CorePlan plan = mla::core::plan_core(shape);
+  if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
+
+  cudaStream_t stream;
+  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kLaunchesPerGraph = 20;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kLaunchesPerGraph; ++i) {
+    mla::core::CoreArgs args;
+    args.query = query;
+    args.cache = cache;
+    args.stride_cache_page = page_bytes;
+    args.block_table = tables + (i % num_sets) * pages_per_set;
+    args.stride_block_table = pages_per_request;
+    args.lengths = lengths;
+    args.num_requests = s.batch;
+    args.softmax_scale = 0.0721688f;  // 1/sqrt(192)
+    args.k_scale = 1.0f;
+    args.latent = latent;
+    args.lse = lse;
+    args.workspace = workspace;
+    mla::core::launch_core(plan, args, stream);
+  }
+  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start));
+  MLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 12; ++rep) {
+    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
+    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 2) ms.push_back(t);
+  }
+  const double us = median(ms) * 1e3 / kLaunchesPerGraph;
+  const double kv_bytes = double(s.batch) * s.context * mla::kKeyDim;
+  const double flops = 2.0 * (mla::kKeyDim + mla::kKvLoraRank) * double(s.batch) * s.q * s.heads * s.context;
+  Result r;
+  r.us = us;
+  r.gbs = kv_bytes / (us * 1e-6) / 1e9;
+  r.pct = 100.0 * r.gbs / copy_gbs;
+  r.tflops = flops / (us * 1e-6) / 1e12;
+  r.splits = plan.num_splits;
+  r.stages = plan.stages;
+  r.ctas_per_sm = plan.ctas_per_sm;
+
+  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+  MLA_CUDA_CHECK(cudaEventDestroy(start));
+  MLA_CUDA_CHECK(cudaEventDestroy(stop));
+  MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  MLA_CUDA_CHECK(cudaFree(cache));
+  MLA_CUDA_CHECK(cudaFree(query));
+  MLA_CUDA_CHECK(cudaFree(tables));
+  MLA_CUDA_CHECK(cudaFree(lengths));
+  MLA_CUDA_CHECK(cudaFree(latent));
+  MLA_CUDA_CHECK(cudaFree(lse));
+  if (workspace) MLA_CUDA_CHECK(cudaFree(workspace));
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* out_path = nullptr;
+  std::vector<int> stage_list;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) {
+      stage_list.push_back(std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: core_bench [--out file.md] [--stages 0|2|3|4 ...]\n");
+      return 2;
+    }
+  }
+  if (stage_list.empty()) stage_list = {0};
+  try {
+    cudaDeviceProp prop;
+    MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbs = copy_bandwidth_gbs();
+    const std::vector<Shape> shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
+                                       {64, 8192, 16, 4},  {1, 131072, 16, 1}, {1, 1 << 20, 12, 1},
+                                       {32, 32768, 12, 1}, {16, 65536, 96, 4}};
+    std::string table;
+    char line[512];
+    std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
+                  prop.name, prop.multiProcessorCount, copy_gbs);
+    table += line;
+    table += "| batch x context x H x q | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |\n";
+    table += "|---|---|---|---|---|---|---|---|\n";
+    for (const Shape& s : shapes) {
+      for (int stages : stage_list) {
+        const Result r = bench_shape(s, stages, copy_gbs);
+        std::snprintf(line, sizeof line, "| %d x %dk x %d x %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n", s.batch,
+                      s.context / 1024, s.heads, s.q, r.stages, r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
+        table += line;
+        std::fputs(line, stdout);
+        std::fflush(stdout);
+      }
+    }
+    std::printf("\n%s", table.c_str());
+    if (out_path) {
+      FILE* f = std::fopen(out_path, "w");
+      if (f) {
+        std::fputs(table.c_str(), f);
+        std::fclose(f);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "core_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

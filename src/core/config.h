@@ -1,0 +1,59 @@
+// Tile constants and the shared-memory plan of the FP8 attention core (one source of truth for sizes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "mla/dims.h"
+
+namespace mla::core {
+
+// ---- Tiles -----------------------------------------------------------------------------------------
+// One CTA = one (request, split, M-tile) where the M side folds a request's q rows with its heads:
+// M index mi = i * H + h (so a request's M rows are contiguous in the query, latent and LSE).
+inline constexpr int kBlockM = 16;                 // rows of one M-tile (one mma.sync m16)
+// NOTE: 8 warps, not 4: with one warp per scheduler every dependent MMA / shared load / MUFU
+// latency is exposed (measured: 4 warps x 1-2 CTAs/SM ran at 27-42 % of copy bandwidth).
+inline constexpr int kNumWarps = 8;                // QK: warp w owns tokens [8w, 8w+8) of a page;
+                                                   // PV: warp w owns latent dims [64w, 64w+64)
+inline constexpr int kNumThreads = kNumWarps * 32;
+inline constexpr int kTokensPerWarp = kPageSize / kNumWarps;      // 8
+inline constexpr int kDimsPerWarp = kKvLoraRank / kNumWarps;      // 64
+inline constexpr int kQkSteps = kKeyDim / 32;                     // 18 k-steps of m16n8k32
+inline constexpr int kPageBytes = kPageSize * kKeyDim;            // 36864 bytes that one page moves
+
+// NOTE: a cached token row (576 B) lands in shared memory padded to 592 B (148 words = 20 mod 32).
+// That makes the 8-row ldmatrix of K conflict-free, and the V loads of P·V (rows 2c + const, c =
+// lane % 4, 32-bit words 4g) too.
+inline constexpr int kKvRowBytes = kKeyDim + 16;
+// P tile: 16 rows x 64 tokens of fp16, rows padded to 72 halves (36 words = 4 mod 32): the A-fragment
+// loads (row g, word c) and the stores hit 32 distinct banks.
+inline constexpr int kPRowHalves = kPageSize + 8;
+
+static_assert(kPageSize == kNumWarps * kTokensPerWarp && kTokensPerWarp == 8,
+              "QK: each warp owns one n8 tile of one page");
+static_assert(kKvLoraRank == kNumWarps * kDimsPerWarp && kDimsPerWarp % 32 == 0,
+              "PV: each warp owns whole 32-dim chunks of the latent");
+static_assert(kKeyDim % 64 == 0, "QK loads K with ldmatrix.x4 over 64-byte column blocks");
+static_assert(kKvRowBytes % 16 == 0 && kKeyDim % 16 == 0, "bulk copies need 16-byte sizes and addresses");
+
+// ---- Shared memory ---------------------------------------------------------------------------------
+template <int kStages>
+struct SharedMemoryPlan {
+  alignas(128) uint8_t kv[kStages][kPageSize][kKvRowBytes];  // K/V page ring (V = K[:, 0:512])
+  alignas(16) __half p[kBlockM][kPRowHalves];                // P of the current page (fp16)
+  alignas(16) uint8_t q[kBlockM][kKvRowBytes];               // the query tile (kQInSmem variant)
+  float row_max[kNumWarps][kBlockM];                         // per-warp page row max (base-2 logits)
+  float row_sum[kNumWarps][kBlockM];                         // per-warp softmax sums at the end
+  alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
+};
+
+// Splits: whole pages per split, at most this many (bounds the combine's work per entry).
+inline constexpr int kMaxSplits = 1024;
+// Combine kernel: one CTA per (entry, 128-dim chunk); its warps take the splits round-robin.
+inline constexpr int kCombineWarps = 8;
+inline constexpr int kCombineDims = 128;
+
+}  // namespace mla::core

@@ -1,0 +1,520 @@
+// The FP8 attention core, split-KV decode kernel (DESIGN.md §4), sm_90a, mma.sync FP8 tensor cores.
+//
+// Grid: x = M-tile of the request (16 rows of the folded (q row, head) M side; fastest so that the
+// M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request.
+// Block: 8 warps. Per page of 64 tokens:
+//   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead by every thread's
+//      16-byte cp.async into 592-byte shared rows);
+//   2. S = Q·K^T: warp w computes 16 rows x its 8 tokens, Q fragments held in registers
+//      (m16n8k32 e4m3, fp32 accumulate, two accumulator chains);
+//   3. online softmax in base 2: page row max across the 8 warps through shared memory, then
+//      p = exp2(s·scale·log2e − m) as fp16 into the shared P tile (sums kept in fp32);
+//   4. O += P·V in fp16 (m16n8k16, fp32 accumulate): warp w computes 16 rows x its 64 latent dims
+//      over all 64 tokens; V fragments come from 32-bit shared loads of the FP8 bytes, byte-permuted
+//      and converted e4m3 -> f16x2 (exact). NOTE: FP8 P would halve the P·V MMAs but costs ~3 % relative
+//      error on zero-mean latents (e4m3 keeps 3 mantissa bits of each weight); fp16 P costs ~3e-4.
+// The end writes bf16 latent + LSE (one split) or fp32 partials for the combine kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/params.h"
+
+namespace mla::core {
+namespace detail {
+
+// ---- PTX wrappers ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// 1-D bulk copy global -> shared completing on an mbarrier (the copy engine; no tensor map needed).
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (tail rows of a page).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+// The mbarrier receives one arrival from this thread once all its prior cp.async have landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(ptr)));
+}
+
+// D = A·B + D, m16n8k32, A/B e4m3, fp32 accumulate.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// Two floats -> two e4m3 bytes (lo in byte 0), round to nearest even, saturating.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// The two e4m3 values of the low 16 bits as f16x2 (exact: f16 holds every e4m3 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(pair)));
+  return h2;
+}
+
+// D = A·B + D, m16n8k16, A/B f16, fp32 accumulate.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_global_u32(const uint8_t* ptr) {
+  return __ldg(reinterpret_cast<const uint32_t*>(ptr));
+}
+
+// Global position of local token j (DESIGN.md §4, DCP).
+__device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& p) {
+  if (p.dcp_size == 1) return j;
+  return ((j / p.dcp_interleave) * p.dcp_size + p.dcp_rank) * p.dcp_interleave + j % p.dcp_interleave;
+}
+
+}  // namespace detail
+
+// kQInSmem: the query tile's A fragments come from shared memory (ldmatrix per k-step) instead of 72
+// registers per thread, so that two 8-warp CTAs per SM fit in 128 registers without spilling.
+template <int kStages, int kMinBlocksPerSm, bool kQInSmem>
+__global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
+    core_split_kernel(const __grid_constant__ CoreParams p) {
+  static_assert(kTokensPerWarp == 8, "3a/3c below are written for one n8 tile of tokens per warp");
+  using namespace detail;
+  using Smem = SharedMemoryPlan<kStages>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  // ---- Phase 0: grid mapping ---------------------------------------------------------------------
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;  // fragment row group
+  const int c = lane % 4;  // fragment column group
+  const int m_tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int request = blockIdx.z;
+  const int rows_m = p.q * p.num_heads;                     // M rows of one request
+  const int64_t num_entries = int64_t{gridDim.z} * rows_m;  // rows * heads
+  const int64_t entry0 = int64_t{request} * rows_m;         // (b*q + i)*H + h = entry0 + mi
+  const int row0 = m_tile * kBlockM + g;                    // this thread's two M rows
+  const int row1 = row0 + 8;
+
+  // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
+  int length = 0;
+  int64_t total = 0;
+  if (request < p.num_requests) {
+    length = p.lengths[request];
+    total = p.totals != nullptr ? p.totals[request] : length;
+  }
+  const int num_pages = (length + kPageSize - 1) / kPageSize;
+  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
+  const int page_begin = min(split * pages_per_split, num_pages);
+  const int page_end = min(page_begin + pages_per_split, num_pages);
+  const int my_pages = page_end - page_begin;
+  const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
+  // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
+  const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;
+  const int64_t bound1 = total - p.q + min(row1, rows_m - 1) / p.num_heads;
+  const int64_t bound_min = total - p.q + (m_tile * kBlockM) / p.num_heads;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kNumThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  // PDL: the query and this step's cache rows come from the query kernel.
+  griddep_wait();
+
+  // Producer (every thread): page `k` of this split into its stage as 2304 16-byte cp.async (9 per
+  // thread, consecutive threads on consecutive chunks), then one arrival per thread on the stage's
+  // mbarrier. NOTE: the first version issued 64 row-wise cp.async.bulk copies per page from warp 0;
+  // measured 39-42 % of copy bandwidth at 128x4k x16 whatever the warp count (4 or 8) or ring depth,
+  // and 1 CTA/SM ran 1.5x slower than 2. This spread issue gave 48 % and 1 CTA/SM ~ 2 CTAs/SM.
+  // Rows past `length` in the last page are zero-filled (src size 0): the cache may hold anything
+  // there (NaN bytes included) and p = 0 times NaN would poison the accumulators.
+  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  auto issue_page = [&](int k) {
+    const int stage = k % kStages;
+    const int64_t token0 = int64_t{page_begin + k} * kPageSize;
+    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - token0));
+    const uint8_t* src = p.cache + int64_t{pages[page_begin + k]} * p.stride_cache_page;
+#pragma unroll
+    for (int i = 0; i < kPageSize * kChunksPerRow / kNumThreads; ++i) {
+      const int idx = threadIdx.x + i * kNumThreads;
+      const int r = idx / kChunksPerRow;
+      const int col = (idx % kChunksPerRow) * 16;
+      cp_async_16(&smem.kv[stage][r][col], src + r * kKeyDim + col, r < valid ? 16u : 0u);
+    }
+    cp_async_mbar_arrive(&smem.full[stage]);
+  };
+  static_assert(kPageSize * (kKeyDim / 16) % kNumThreads == 0, "whole cp.async chunks per thread");
+  for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
+
+  // ---- Phase 2: the query tile into registers (A fragments, 18 k-steps) or shared memory ----------
+  uint32_t qa[kQInSmem ? 1 : kQkSteps][4];
+  if constexpr (kQInSmem) {
+    for (int idx = threadIdx.x; idx < kBlockM * (kKeyDim / 16); idx += kNumThreads) {
+      const int r = idx / (kKeyDim / 16);
+      const int col = (idx % (kKeyDim / 16)) * 16;
+      const int row = m_tile * kBlockM + r;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + col));
+      *reinterpret_cast<uint4*>(&smem.q[r][col]) = v;
+    }
+    __syncthreads();
+  } else {
+    const uint8_t* q0 = p.query + (entry0 + row0) * kKeyDim + 4 * c;
+    const uint8_t* q1 = p.query + (entry0 + row1) * kKeyDim + 4 * c;
+    const bool live0 = row0 < rows_m;
+    const bool live1 = row1 < rows_m;
+#pragma unroll
+    for (int ks = 0; ks < kQkSteps; ++ks) {
+      qa[ks][0] = live0 ? ld_global_u32(q0 + ks * 32) : 0u;
+      qa[ks][1] = live1 ? ld_global_u32(q1 + ks * 32) : 0u;
+      qa[ks][2] = live0 ? ld_global_u32(q0 + ks * 32 + 16) : 0u;
+      qa[ks][3] = live1 ? ld_global_u32(q1 + ks * 32 + 16) : 0u;
+    }
+  }
+  // ldmatrix.x4 lane address of the query tile: matrices (rows 0-7 | 8-15) x (bytes 0-15 | 16-31).
+  const uint8_t* q_lane = &smem.q[(lane % 8) + 8 * ((lane / 8) % 2)][16 * (lane / 16)];
+
+  float acc[kDimsPerWarp / 32][4][4];  // [32-dim chunk][n8 tile][fragment]: 64 fp32 registers
+#pragma unroll
+  for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[ch][j][e] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running row max of base-2 logits (rows g, g+8)
+  float l_run[2] = {0.0f, 0.0f};            // this thread's share of the softmax sums
+  const float scale_log2 = p.softmax_scale_log2;
+
+  // ---- Phase 3: the page loop ------------------------------------------------------------------
+  for (int it = 0; it < my_pages; ++it) {
+    const int stage = it % kStages;
+    mbar_wait(&smem.full[stage], (it / kStages) & 1);
+    const uint8_t* kv = &smem.kv[stage][0][0];
+
+    // 3a. S = Q·K^T for this warp's 8 tokens (two accumulator chains: half the MMA latency chain).
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      float s_odd[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint8_t* k_row = kv + (kTokensPerWarp * warp + lane % 8) * kKvRowBytes + (lane / 8) * 16;
+#pragma unroll
+      for (int kb = 0; kb < kKeyDim / 64; ++kb) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_row + kb * 64);
+        if constexpr (kQInSmem) {
+          uint32_t a_even[4], a_odd[4];
+          ldmatrix_x4(a_even, q_lane + kb * 64);
+          ldmatrix_x4(a_odd, q_lane + kb * 64 + 32);
+          mma_e4m3(s, a_even, b[0], b[1]);
+          mma_e4m3(s_odd, a_odd, b[2], b[3]);
+        } else {
+          mma_e4m3(s, qa[2 * kb], b[0], b[1]);
+          mma_e4m3(s_odd, qa[2 * kb + 1], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] += s_odd[e];
+    }
+
+    // 3b. Scale to base-2 logits and mask (only pages that reach past a causal bound or the length).
+    const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
+    const bool full_page = page_token0 + kPageSize <= length &&
+                           global_position(page_token0 + kPageSize - 1, p) <= bound_min;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x0 = s[e] * scale_log2;
+      float x1 = s[2 + e] * scale_log2;
+      if (!full_page) {
+        const int64_t j = page_token0 + kTokensPerWarp * warp + 2 * c + e;
+        const int64_t gpos = global_position(j, p);
+        const bool in_range = j < length;
+        if (!in_range || gpos > bound0) x0 = -INFINITY;
+        if (!in_range || gpos > bound1) x1 = -INFINITY;
+      }
+      s[e] = x0;
+      s[2 + e] = x1;
+    }
+    float mx0 = fmaxf(s[0], s[1]);
+    float mx1 = fmaxf(s[2], s[3]);
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    if (c == 0) {
+      smem.row_max[warp][g] = mx0;
+      smem.row_max[warp][g + 8] = mx1;
+    }
+    __syncthreads();  // (A) row maxima visible; every warp is done with the previous page
+
+    // The previous page's stage is free now: refill it kStages - 1 pages ahead.
+    if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
+
+    // 3c. Online softmax: new row max, rescale, P = e4m3(exp2(x - m) * kPScale).
+    float page_max0 = smem.row_max[0][g], page_max1 = smem.row_max[0][g + 8];
+#pragma unroll
+    for (int w = 1; w < kNumWarps; ++w) {
+      page_max0 = fmaxf(page_max0, smem.row_max[w][g]);
+      page_max1 = fmaxf(page_max1, smem.row_max[w][g + 8]);
+    }
+    const float m_new0 = fmaxf(m_run[0], page_max0);
+    const float m_new1 = fmaxf(m_run[1], page_max1);
+    // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
+    const float m_use0 = m_new0 == -INFINITY ? 0.0f : m_new0;
+    const float m_use1 = m_new1 == -INFINITY ? 0.0f : m_new1;
+    const float alpha0 = exp2f(m_run[0] - m_use0);
+    const float alpha1 = exp2f(m_run[1] - m_use1);
+    m_run[0] = m_new0;
+    m_run[1] = m_new1;
+    const float p00 = exp2f(s[0] - m_use0), p01 = exp2f(s[1] - m_use0);
+    const float p10 = exp2f(s[2] - m_use1), p11 = exp2f(s[3] - m_use1);
+    l_run[0] = l_run[0] * alpha0 + (p00 + p01);
+    l_run[1] = l_run[1] * alpha1 + (p10 + p11);
+    // P[row][token] in fp16; this warp's tokens are columns [8w, 8w + 8).
+    const int p_col = kTokensPerWarp * warp + 2 * c;
+    *reinterpret_cast<uint32_t*>(&smem.p[g][p_col]) = half2_bits(p00, p01);
+    *reinterpret_cast<uint32_t*>(&smem.p[g + 8][p_col]) = half2_bits(p10, p11);
+#pragma unroll
+    for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[ch][j][0] *= alpha0;
+        acc[ch][j][1] *= alpha0;
+        acc[ch][j][2] *= alpha1;
+        acc[ch][j][3] *= alpha1;
+      }
+    __syncthreads();  // (B) P complete
+
+    // 3d. O += P·V over the page's 64 tokens (4 k16 steps) for this warp's 128 dims.
+#pragma unroll
+    for (int kk = 0; kk < kPageSize / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = *reinterpret_cast<const uint32_t*>(&smem.p[g][16 * kk + 2 * c]);
+      a[1] = *reinterpret_cast<const uint32_t*>(&smem.p[g + 8][16 * kk + 2 * c]);
+      a[2] = *reinterpret_cast<const uint32_t*>(&smem.p[g][16 * kk + 8 + 2 * c]);
+      a[3] = *reinterpret_cast<const uint32_t*>(&smem.p[g + 8][16 * kk + 8 + 2 * c]);
+#pragma unroll
+      for (int ch = 0; ch < kDimsPerWarp / 32; ++ch) {
+        // NOTE: B of n8 tile j takes dim 4n + j of the 32-dim chunk at column n, so that one 32-bit
+        // load per token row (dims 4g..4g+3) feeds four tiles, and the thread ends up holding the
+        // 8 contiguous dims 8c..8c+7 of the output. Rows 2c + const sit 8 banks apart (592-B rows).
+        const uint8_t* v = kv + (16 * kk + 2 * c) * kKvRowBytes + warp * kDimsPerWarp + ch * 32 + 4 * g;
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(v);                    // token 2c
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(v + kKvRowBytes);      // token 2c + 1
+        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(v + 8 * kKvRowBytes);  // token 2c + 8
+        const uint32_t w3 = *reinterpret_cast<const uint32_t*>(v + 9 * kKvRowBytes);  // token 2c + 9
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t selector = j | ((4 + j) << 4);  // bytes j of the two words, low one first
+          const uint32_t b0 = e4m3x2_to_f16x2(prmt(w0, w1, selector));
+          const uint32_t b1 = e4m3x2_to_f16x2(prmt(w2, w3, selector));
+          mma_f16(acc[ch][j], a, b0, b1);
+        }
+      }
+    }
+  }
+
+  // ---- Phase 4: finalize: softmax sums across the quad and the warps -----------------------------
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], off);
+    l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], off);
+  }
+  if (c == 0) {
+    smem.row_sum[warp][g] = l_run[0];
+    smem.row_sum[warp][g + 8] = l_run[1];
+  }
+  __syncthreads();
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kNumWarps; ++w) {
+    sum0 += smem.row_sum[w][g];
+    sum1 += smem.row_sum[w][g + 8];
+  }
+  // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
+  const float inv0 = sum0 > 0.0f ? 1.0f / sum0 : 0.0f;
+  const float inv1 = sum1 > 0.0f ? 1.0f / sum1 : 0.0f;
+  constexpr float kLn2 = 0.69314718055994531f;
+  const float lse0 = sum0 > 0.0f ? (m_run[0] + log2f(sum0)) * kLn2 : -INFINITY;
+  const float lse1 = sum1 > 0.0f ? (m_run[1] + log2f(sum1)) * kLn2 : -INFINITY;
+
+  // ---- Phase 5: stores: thread holds dims chunk*32 + 8c + [0, 8) of rows g, g+8 ---------------------
+  const bool direct = p.num_splits == 1;
+  const float out_scale0 = direct ? inv0 * p.k_scale : inv0;
+  const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row0 : row1;
+    if (row >= rows_m) continue;
+    const float scale = half == 0 ? out_scale0 : out_scale1;
+    const int64_t entry = entry0 + row;
+#pragma unroll
+    for (int ch = 0; ch < kDimsPerWarp / 32; ++ch) {
+      float v[8];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[4 * e + j] = acc[ch][j][2 * half + e] * scale;
+      const int dim = warp * kDimsPerWarp + ch * 32 + 8 * c;
+      if (direct) {
+        uint4 packed;
+        __nv_bfloat162 b01 = __floats2bfloat162_rn(v[0], v[1]);
+        __nv_bfloat162 b23 = __floats2bfloat162_rn(v[2], v[3]);
+        __nv_bfloat162 b45 = __floats2bfloat162_rn(v[4], v[5]);
+        __nv_bfloat162 b67 = __floats2bfloat162_rn(v[6], v[7]);
+        packed.x = *reinterpret_cast<uint32_t*>(&b01);
+        packed.y = *reinterpret_cast<uint32_t*>(&b23);
+        packed.z = *reinterpret_cast<uint32_t*>(&b45);
+        packed.w = *reinterpret_cast<uint32_t*>(&b67);
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
+      } else {
+        float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      }
+    }
+    if (warp == 0 && c == 0) {
+      const float lse = half == 0 ? lse0 : lse1;
+      if (direct) {
+        p.lse[entry] = lse;
+      } else {
+        p.partial_lse[int64_t{split} * num_entries + entry] = lse;
+      }
+    }
+  }
+  // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
+  griddep_launch_dependents();
+}
+
+// ---- Combine: merge the splits' partials by LSE (DESIGN.md §4, split-KV) -------------------------
+// Grid: x = entry (row, head), y = 128-dim chunk. Block: kCombineWarps warps; warp w takes splits
+// w, w + kCombineWarps, ...; lane holds 4 dims. An empty split (lse = -inf) weighs exactly 0.
+__global__ void __launch_bounds__(kCombineWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
+  __shared__ float4 partial_sums[kCombineWarps][32];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t entry = blockIdx.x;
+  const int dim = blockIdx.y * kCombineDims + lane * 4;
+
+  detail::griddep_wait();  // the partials come from the split kernel
+
+  // Phase 1: max and sum of exp over the splits' LSEs (every warp redundantly: no block barrier).
+  float max_lse = -INFINITY;
+  for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.partial_lse[s * p.num_entries + entry]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, off));
+  const float base = max_lse == -INFINITY ? 0.0f : max_lse;
+  float sum = 0.0f;
+  for (int s = lane; s < p.num_splits; s += 32) sum += __expf(p.partial_lse[s * p.num_entries + entry] - base);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+
+  // Phase 2: this warp's splits, weighted.
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = warp; s < p.num_splits; s += kCombineWarps) {
+    const float weight = __expf(p.partial_lse[s * p.num_entries + entry] - base);  // -inf -> 0
+    const float4 v = *reinterpret_cast<const float4*>(p.partial_latent + (s * p.num_entries + entry) * kKvLoraRank + dim);
+    acc.x += weight * v.x;
+    acc.y += weight * v.y;
+    acc.z += weight * v.z;
+    acc.w += weight * v.w;
+  }
+  partial_sums[warp][lane] = acc;
+  __syncthreads();
+
+  // Phase 3: reduce across warps, scale, store.
+  if (warp == 0) {
+    float4 total = partial_sums[0][lane];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) {
+      const float4 v = partial_sums[w][lane];
+      total.x += v.x;
+      total.y += v.y;
+      total.z += v.z;
+      total.w += v.w;
+    }
+    const float scale = sum > 0.0f ? p.k_scale / sum : 0.0f;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * scale, total.y * scale);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * scale, total.w * scale);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
+    if (blockIdx.y == 0 && lane == 0) p.lse[entry] = sum > 0.0f ? base + logf(sum) : -INFINITY;
+  }
+  detail::griddep_launch_dependents();
+}
+
+}  // namespace mla::core

@@ -1,0 +1,176 @@
+// Planning and launching of the FP8 attention core (kernel.cuh).
+#include "core/launch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "core/config.h"
+#include "core/kernel.cuh"
+#include "core/params.h"
+
+namespace mla::core {
+namespace {
+
+using KernelFn = void (*)(CoreParams);
+
+// Bounded dispatch on the ring depth (a value outside the table is an error, never a fallback).
+// Two CTAs per SM fit 2 stages (2 x 90 KB); 3 and 4 stages run one CTA per SM. Variant 12 = 2 stages
+// with the query tile in registers (spills at the 128-register cap of two CTAs per SM).
+KernelFn split_kernel_for(int stages) {
+  switch (stages) {
+    case 2: return core_split_kernel<2, 2, true>;
+    case 12: return core_split_kernel<2, 2, false>;
+    case 3: return core_split_kernel<3, 1, false>;
+    case 4: return core_split_kernel<4, 1, false>;
+    default: throw_bad_argument("CoreShape.stages", "2, 3, 4 or 12 (0 = default)", std::to_string(stages));
+  }
+}
+
+size_t smem_bytes_for(int stages) {
+  switch (stages) {
+    case 2: return sizeof(SharedMemoryPlan<2>);
+    case 12: return sizeof(SharedMemoryPlan<2>);
+    case 3: return sizeof(SharedMemoryPlan<3>);
+    case 4: return sizeof(SharedMemoryPlan<4>);
+    default: throw_bad_argument("CoreShape.stages", "2, 3, 4 or 12 (0 = default)", std::to_string(stages));
+  }
+}
+
+// Split count so that (work items x splits) CTAs fill whole waves of the machine: at least one CTA
+// per SM, then the smallest count reaching 95 % wave efficiency, else the best one; never more splits
+// than pages of max_context.
+int choose_splits(int64_t work, int64_t num_sms, int64_t slots, int64_t max_splits) {
+  const int64_t first = std::min(max_splits, std::max<int64_t>(1, (num_sms + work - 1) / work));
+  int best = static_cast<int>(first);
+  double best_eff = 0.0;
+  for (int64_t s = first; s <= max_splits; ++s) {
+    const int64_t ctas = work * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double eff = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (eff >= 0.95) return static_cast<int>(s);
+    if (eff > best_eff + 1e-9) {
+      best_eff = eff;
+      best = static_cast<int>(s);
+    }
+    if (ctas >= 4 * slots) break;  // past a few waves the tail no longer matters
+  }
+  return best;
+}
+
+void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     void** args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+}
+
+}  // namespace
+
+CorePlan plan_core(const CoreShape& shape) {
+  if (shape.q < 1 || shape.q > kMaxQueries) {
+    throw_bad_argument("CoreShape.q", "1..8", std::to_string(shape.q));
+  }
+  if (shape.heads < 1) throw_bad_argument("CoreShape.heads", ">= 1", std::to_string(shape.heads));
+  if (shape.rows < shape.q || shape.rows % shape.q != 0) {
+    throw_bad_argument("CoreShape.rows", "a positive multiple of q = " + std::to_string(shape.q),
+                       std::to_string(shape.rows));
+  }
+  if (shape.max_context < 1) {
+    throw_bad_argument("CoreShape.max_context", ">= 1", std::to_string(shape.max_context));
+  }
+  const int64_t requests = shape.rows / shape.q;
+  if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
+
+  CorePlan plan;
+  plan.shape = shape;
+  plan.stages = shape.stages == 0 ? 2 : shape.stages;
+  const KernelFn kernel = split_kernel_for(plan.stages);
+  plan.smem_bytes = smem_bytes_for(plan.stages);
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(plan.smem_bytes)));
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&plan.num_sms, cudaDevAttrMultiProcessorCount, device));
+  MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan.ctas_per_sm, kernel, kNumThreads,
+                                                               plan.smem_bytes));
+  if (plan.ctas_per_sm < 1) throw Error("core: split kernel does not fit on this device");
+
+  plan.m_tiles = (shape.q * shape.heads + kBlockM - 1) / kBlockM;
+  const int64_t max_pages = (shape.max_context + kPageSize - 1) / kPageSize;
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_pages);
+  if (shape.num_splits > 0) {
+    if (shape.num_splits > kMaxSplits) {
+      throw_bad_argument("CoreShape.num_splits", "<= " + std::to_string(kMaxSplits),
+                         std::to_string(shape.num_splits));
+    }
+    plan.num_splits = shape.num_splits;
+  } else {
+    plan.num_splits = choose_splits(requests * plan.m_tiles, plan.num_sms,
+                                    int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
+  }
+  if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
+  plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
+                   static_cast<unsigned>(requests));
+  const int64_t entries = shape.rows * shape.heads;
+  plan.workspace_bytes = plan.num_splits == 1
+                             ? 0
+                             : static_cast<size_t>(plan.num_splits) * entries * (kKvLoraRank + 1) * sizeof(float);
+  return plan;
+}
+
+void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream) {
+  const CoreShape& shape = plan.shape;
+  const int64_t entries = shape.rows * shape.heads;
+  CoreParams params;
+  params.query = static_cast<const uint8_t*>(args.query);
+  params.cache = static_cast<const uint8_t*>(args.cache);
+  params.stride_cache_page = args.stride_cache_page;
+  params.block_table = args.block_table;
+  params.stride_block_table = args.stride_block_table;
+  params.lengths = args.lengths;
+  params.totals = args.totals;
+  params.num_requests = args.num_requests;
+  params.num_heads = shape.heads;
+  params.q = shape.q;
+  params.num_splits = plan.num_splits;
+  params.dcp_rank = args.dcp.rank;
+  params.dcp_size = args.dcp.size;
+  params.dcp_interleave = args.dcp.interleave;
+  params.softmax_scale_log2 = args.softmax_scale * 1.4426950408889634f;
+  params.k_scale = args.k_scale;
+  params.latent = args.latent;
+  params.lse = args.lse;
+  if (plan.num_splits > 1) {
+    params.partial_latent = static_cast<float*>(args.workspace);
+    params.partial_lse = params.partial_latent + static_cast<int64_t>(plan.num_splits) * entries * kKvLoraRank;
+  }
+  void* split_args[] = {&params};
+  launch_with_pdl(reinterpret_cast<const void*>(split_kernel_for(plan.stages)), plan.grid, dim3(kNumThreads),
+                  plan.smem_bytes, stream, split_args);
+  if (plan.num_splits == 1) return;
+
+  CombineParams combine;
+  combine.partial_latent = params.partial_latent;
+  combine.partial_lse = params.partial_lse;
+  combine.num_entries = entries;
+  combine.num_splits = plan.num_splits;
+  combine.k_scale = args.k_scale;
+  combine.latent = args.latent;
+  combine.lse = args.lse;
+  void* combine_args[] = {&combine};
+  launch_with_pdl(reinterpret_cast<const void*>(&core_combine_kernel),
+                  dim3(static_cast<unsigned>(entries), kKvLoraRank / kCombineDims), dim3(kCombineWarps * 32), 0,
+                  stream, combine_args);
+}
+
+}  // namespace mla::core

@@ -1,0 +1,67 @@
+// Host API of the FP8 attention core: plan once per shape, then launch only (no allocation, no
+// synchronization, graph-capturable, PDL-chained). DESIGN.md §4 (core, split-KV, DCP mapping).
+//
+//   mla::core::CorePlan plan = mla::core::plan_core({.rows = 128, .heads = 16, .q = 1});
+//   workspace = cudaMalloc(plan.workspace_bytes);            // caller-owned, once
+//   mla::core::launch_core(plan, args, stream);              // every step
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mla/mla.h"
+
+namespace mla::core {
+
+// One launch shape of the core.
+struct CoreShape {
+  int64_t rows = 0;                        // query rows (= requests * q, padding requests included)
+  int heads = 0;                           // H_core: H, or D*H under DCP
+  int q = 1;                               // rows per request, 1..8
+  int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
+  int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
+  int stages = 0;                          // K/V page ring depth 2..4; 0 = default (2)
+};
+
+// What plan_core fixed for a shape. Plain data: copy it freely.
+struct CorePlan {
+  CoreShape shape;
+  int num_splits = 1;          // split-KV count (1: the split kernel writes latent/lse directly)
+  int m_tiles = 1;             // 16-row tiles of a request's q*heads M side
+  int stages = 2;              // K/V page ring depth
+  int ctas_per_sm = 1;         // occupancy of the split kernel
+  int num_sms = 0;             // multiprocessors of the planned device
+  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests)
+  size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
+  size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
+};
+
+// Plans `shape` for the current device (sets the kernels' shared-memory limits). Throws mla::Error
+// on a bad shape.
+CorePlan plan_core(const CoreShape& shape);
+
+// Device pointers and per-step values. All tensors contiguous unless a stride is given.
+struct CoreArgs {
+  const void* query = nullptr;           // [rows, heads, 576] FP8 e4m3
+  const void* cache = nullptr;           // [num_pages, 64, 576] FP8 e4m3, 16-byte aligned
+  int64_t stride_cache_page = 64 * 576;  // bytes between pages (multiple of 16)
+  const int32_t* block_table = nullptr;  // [num_requests, max_pages]
+  int64_t stride_block_table = 0;        // elements between rows of block_table
+  const int32_t* lengths = nullptr;      // [num_requests] local tokens
+  const int32_t* totals = nullptr;       // [num_requests] global lengths (DCP); null = lengths
+  int num_requests = 0;                  // <= rows / q; the rest are padding (zero latent, -inf lse)
+  DcpLayout dcp;                         // local -> global positions (size 1 = none)
+  float softmax_scale = 0;               // multiplies the raw FP8 dot products (natural-log logits)
+  float k_scale = 1;                     // multiplies the output latent
+  void* latent = nullptr;                // [rows, heads, 512] bf16 out
+  float* lse = nullptr;                  // [rows, heads] fp32 natural log out
+  void* workspace = nullptr;             // plan.workspace_bytes, 16-byte aligned (may be null if 0)
+};
+
+// Launches the split kernel (PDL-dependent on the previous kernel in `stream`) and, with more than
+// one split, the combine kernel (PDL-chained). Only launches.
+void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream);
+
+}  // namespace mla::core

@@ -1,0 +1,49 @@
+// Kernel parameters of the FP8 attention core (DESIGN.md §4). Plain structs passed by value as
+// __grid_constant__ kernel parameters; the host fills them in launch.cu.
+#pragma once
+
+#include <cstdint>
+
+namespace mla::core {
+
+struct CoreParams {
+  // ---- Inputs (device pointers) ----------------------------------------------------------------
+  const uint8_t* query = nullptr;        // [rows, heads, 576] FP8 e4m3, contiguous
+  const uint8_t* cache = nullptr;        // [num_pages, 64, 576] FP8 e4m3; rows of 576 B contiguous
+  int64_t stride_cache_page = 0;         // bytes between pages (>= 64*576, multiple of 16)
+  const int32_t* block_table = nullptr;  // [num_requests, max_pages] int32
+  int64_t stride_block_table = 0;        // elements between block-table rows
+  const int32_t* lengths = nullptr;      // [num_requests] local tokens in the cache
+  const int32_t* totals = nullptr;       // [num_requests] global lengths (DCP); null = lengths
+
+  // ---- Shape ---------------------------------------------------------------------------------------
+  int num_requests = 0;   // requests present in block_table/lengths; rows/q - num_requests are padding
+  int num_heads = 0;      // H_core (heads of the query / latent)
+  int q = 1;              // rows per request (1..8); M side of a request = q * num_heads rows
+  int num_splits = 1;     // split-KV count; 1 = write latent/lse directly, no combine
+  int dcp_rank = 0;       // local token j has global position ((j / I) * D + k) * I + j % I
+  int dcp_size = 1;       //   D (1 = no DCP: g = j)
+  int dcp_interleave = 1; //   I
+
+  // ---- Scales ---------------------------------------------------------------------------------------
+  float softmax_scale_log2 = 0;  // softmax_scale * log2(e): multiplies the raw FP8 dot product
+  float k_scale = 1;             // multiplies the output latent
+
+  // ---- Outputs -------------------------------------------------------------------------------------
+  void* latent = nullptr;         // [rows, heads, 512] bf16 (written when num_splits == 1)
+  float* lse = nullptr;           // [rows, heads] fp32 natural log (written when num_splits == 1)
+  float* partial_latent = nullptr;  // [num_splits, rows, heads, 512] fp32, normalized per split
+  float* partial_lse = nullptr;     // [num_splits, rows, heads] fp32 natural log, -inf = empty split
+};
+
+struct CombineParams {
+  const float* partial_latent = nullptr;  // [num_splits, rows, heads, 512]
+  const float* partial_lse = nullptr;     // [num_splits, rows, heads]
+  int64_t num_entries = 0;                // rows * heads
+  int num_splits = 1;
+  float k_scale = 1;                      // multiplies the merged latent
+  void* latent = nullptr;                 // [rows, heads, 512] bf16
+  float* lse = nullptr;                   // [rows, heads] fp32 natural log
+};
+
+}  // namespace mla::core

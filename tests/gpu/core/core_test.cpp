@@ -1,0 +1,311 @@
+// GPU tests of the FP8 attention core (src/core) against the double-precision reference
+// (mla::ref::attention_core): every (row, head) of the latent within a relative L2 bound, the LSE
+// within an absolute bound, non-finite positions (-inf LSE, exact-zero latent) matching exactly,
+// outputs poisoned before each launch. Inputs are random FP8 bytes, pages permuted, the cache's
+// unused rows NaN bytes (0x7f) so a masked or unwritten token shows up as NaN.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/launch.h"
+#include "gpu_test_util.h"
+#include "mla/dims.h"
+#include "reference.h"
+
+namespace mla {
+namespace {
+
+// Relative L2 error of the bf16 latent per (row, head) against the unrounded reference. The bf16
+// rounding of the output alone is ~1.1e-3 (RMS); fp16 P and fp32 accumulation add ~3e-4.
+constexpr double kLatentRelL2Bound = 2.5e-3;
+constexpr double kLseAbsBound = 1e-3;
+
+struct CoreCase {
+  std::string name;
+  int heads = 16;
+  int q = 1;
+  std::vector<int> lengths;      // per request: global length T_b (local = dcp_local_length under DCP)
+  int padding_requests = 0;      // rows / q - num_requests
+  int num_splits = 0;            // 0 = planned
+  DcpLayout dcp;                 // size 1 = none
+  int64_t page_pad_bytes = 0;    // page stride = 64*576 + this
+  double logit_std = 2.0;        // spread of the natural-log logits
+  int64_t max_context = int64_t{1} << 17;
+  uint64_t seed = 1;
+};
+
+std::ostream& operator<<(std::ostream& os, const CoreCase& c) { return os << c.name; }
+
+// e4m3 codes of N(0, stddev) samples, drawn through a table (fast for millions of bytes).
+struct Fp8Sampler {
+  std::vector<uint8_t> table;
+  Fp8Sampler(double stddev, std::mt19937_64& rng) : table(4096) {
+    std::normal_distribution<double> normal(0.0, stddev);
+    for (auto& code : table) code = ref::e4m3_from_double(normal(rng));
+  }
+  uint8_t operator()(std::mt19937_64& rng) const { return table[rng() & 4095]; }
+};
+
+struct CoreOutputs {
+  std::vector<uint16_t> latent;  // [rows, heads, 512] bf16 bits
+  std::vector<float> lse;        // [rows, heads]
+  int num_splits = 0;
+};
+
+class CoreTest : public ::testing::TestWithParam<CoreCase> {};
+
+TEST_P(CoreTest, MatchesReference) {
+  MLA_REQUIRE_GPU();
+  const CoreCase& spec = GetParam();
+  std::mt19937_64 rng(spec.seed * 7919 + 17);
+  const int num_requests = static_cast<int>(spec.lengths.size());
+  const int num_total_requests = num_requests + spec.padding_requests;
+  const int64_t rows = int64_t{num_total_requests} * spec.q;
+  const int heads = spec.heads;
+
+  // ---- Metadata: local lengths, permuted pages, a block table with a wider row stride ----------
+  std::vector<int32_t> totals(num_requests), lengths(num_requests);
+  int max_pages = 1;
+  int64_t used_pages = 0;
+  for (int b = 0; b < num_requests; ++b) {
+    totals[b] = spec.lengths[b];
+    lengths[b] = spec.dcp.size > 1 ? static_cast<int32_t>(ref::dcp_local_length(totals[b], spec.dcp)) : totals[b];
+    const int pages = (lengths[b] + kPageSize - 1) / kPageSize;
+    max_pages = std::max(max_pages, pages);
+    used_pages += pages;
+  }
+  const int64_t num_pages = used_pages + 3;
+  const int64_t page_stride = int64_t{kPageSize} * kKeyDim + spec.page_pad_bytes;
+  const int64_t stride_table = max_pages + 3;
+  std::vector<int32_t> permutation(num_pages);
+  std::iota(permutation.begin(), permutation.end(), 0);
+  std::shuffle(permutation.begin(), permutation.end(), rng);
+  std::vector<int32_t> block_table(int64_t{std::max(num_requests, 1)} * stride_table, 0);
+  std::vector<uint8_t> cache(num_pages * page_stride, 0x7f);  // NaN wherever no live token is
+  const double sigma = 32.0;
+  Fp8Sampler sampler(sigma, rng);
+  int64_t next_page = 0;
+  for (int b = 0; b < num_requests; ++b) {
+    for (int k = 0; k * kPageSize < lengths[b]; ++k) {
+      const int32_t page = permutation[next_page++];
+      block_table[b * stride_table + k] = page;
+      for (int t = 0; t < kPageSize && k * kPageSize + t < lengths[b]; ++t) {
+        uint8_t* row = cache.data() + page * page_stride + int64_t{t} * kKeyDim;
+        for (int d = 0; d < kKeyDim; ++d) row[d] = sampler(rng);
+      }
+    }
+  }
+  std::vector<uint8_t> query(rows * heads * kKeyDim);
+  for (auto& byte : query) byte = sampler(rng);
+  // Dot products of two N(0, sigma) vectors of 576 have stddev 24 sigma^2.
+  const float softmax_scale = static_cast<float>(spec.logit_std / (24.0 * sigma * sigma));
+  const float k_scale = 0.0625f;
+
+  // ---- Reference ------------------------------------------------------------------------------------
+  ref::CoreInputs in;
+  in.query = query.data();
+  in.rows = rows;
+  in.heads = heads;
+  in.q = spec.q;
+  in.cache = make_strided_view(cache.data(), DType::kFP8E4M3, Memory::kHost, {num_pages, kPageSize, kKeyDim},
+                               {page_stride, kKeyDim, 1});
+  in.block_table = make_strided_view(block_table.data(), DType::kI32, Memory::kHost,
+                                     {num_requests, max_pages}, {stride_table, 1});
+  in.lengths = make_view(lengths.data(), DType::kI32, Memory::kHost, {num_requests});
+  if (spec.dcp.size > 1) in.totals = make_view(totals.data(), DType::kI32, Memory::kHost, {num_requests});
+  in.softmax_scale = softmax_scale;
+  in.k_scale = k_scale;
+  in.dcp = spec.dcp;
+  const ref::CoreResult expected = ref::attention_core(in);
+
+  // ---- GPU ----------------------------------------------------------------------------------------------
+  test::DeviceBuffer<uint8_t> d_query(query.size()), d_cache(cache.size());
+  test::DeviceBuffer<int32_t> d_table(block_table.size()), d_lengths(std::max(num_requests, 1)),
+      d_totals(std::max(num_requests, 1));
+  test::DeviceBuffer<uint16_t> d_latent(rows * heads * kKvLoraRank);
+  test::DeviceBuffer<float> d_lse(rows * heads);
+  d_query.upload(query);
+  d_cache.upload(cache);
+  d_table.upload(block_table);
+  if (num_requests > 0) {
+    d_lengths.upload(lengths);
+    d_totals.upload(totals);
+  }
+  core::CoreShape shape;
+  shape.rows = rows;
+  shape.heads = heads;
+  shape.q = spec.q;
+  shape.max_context = spec.max_context;
+  shape.num_splits = spec.num_splits;
+  const core::CorePlan plan = core::plan_core(shape);
+  test::DeviceBuffer<uint8_t> d_workspace(std::max<size_t>(plan.workspace_bytes, 16));
+  d_workspace.poison();
+  core::CoreArgs args;
+  args.query = d_query.get();
+  args.cache = d_cache.get();
+  args.stride_cache_page = page_stride;
+  args.block_table = d_table.get();
+  args.stride_block_table = stride_table;
+  args.lengths = d_lengths.get();
+  args.totals = spec.dcp.size > 1 ? d_totals.get() : nullptr;
+  args.num_requests = num_requests;
+  args.dcp = spec.dcp;
+  args.softmax_scale = softmax_scale;
+  args.k_scale = k_scale;
+  args.latent = d_latent.get();
+  args.lse = d_lse.get();
+  args.workspace = d_workspace.get();
+
+  auto run_direct = [&] {
+    d_latent.poison();
+    d_lse.poison();
+    core::launch_core(plan, args, nullptr);
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    return CoreOutputs{d_latent.download(), d_lse.download(), plan.num_splits};
+  };
+  const CoreOutputs got = run_direct();
+
+  // ---- Compare --------------------------------------------------------------------------------------
+  double worst_rel = 0, worst_lse = 0;
+  int64_t worst_entry = -1, failures = 0, empty = 0;
+  for (int64_t e = 0; e < rows * heads; ++e) {
+    const double ref_lse = expected.lse[e];
+    const float gpu_lse = got.lse[e];
+    const uint16_t* lat = got.latent.data() + e * kKvLoraRank;
+    const double* ref_lat = expected.latent.data() + e * kKvLoraRank;
+    if (std::isinf(ref_lse)) {
+      ++empty;
+      bool zero = gpu_lse == -std::numeric_limits<float>::infinity();
+      for (int d = 0; d < kKvLoraRank; ++d) zero = zero && ref::bf16_to_double(lat[d]) == 0.0;
+      if (!zero && failures++ < 5) {
+        ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
+                      << ") has no visible token but lse " << gpu_lse << ", latent[0] "
+                      << ref::bf16_to_double(lat[0]);
+      }
+      continue;
+    }
+    double err2 = 0, ref2 = 0;
+    bool finite = std::isfinite(gpu_lse);
+    for (int d = 0; d < kKvLoraRank; ++d) {
+      const double v = ref::bf16_to_double(lat[d]);
+      finite = finite && std::isfinite(v);
+      err2 += (v - ref_lat[d]) * (v - ref_lat[d]);
+      ref2 += ref_lat[d] * ref_lat[d];
+    }
+    const double rel = finite ? std::sqrt(err2 / std::max(ref2, 1e-300)) : INFINITY;
+    const double lse_err = finite ? std::fabs(gpu_lse - ref_lse) : INFINITY;
+    if (rel > worst_rel) {
+      worst_rel = rel;
+      worst_entry = e;
+    }
+    worst_lse = std::max(worst_lse, lse_err);
+    if ((rel > kLatentRelL2Bound || lse_err > kLseAbsBound) && failures++ < 5) {
+      ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
+                    << "): latent rel L2 " << rel << " (bound " << kLatentRelL2Bound << "), lse " << gpu_lse
+                    << " vs " << ref_lse << " (bound " << kLseAbsBound << ")";
+    }
+  }
+  std::printf("[core] %-28s H=%3d q=%d rows=%4lld splits=%4d  worst latent rel L2 %.3e (entry %lld)  worst |dlse| %.3e  empty %lld\n",
+              spec.name.c_str(), heads, spec.q, static_cast<long long>(rows), plan.num_splits, worst_rel,
+              static_cast<long long>(worst_entry), worst_lse, static_cast<long long>(empty));
+  EXPECT_EQ(failures, 0);
+
+  // ---- The same launch captured in a CUDA graph gives the same bits --------------------------------
+  cudaStream_t stream;
+  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  d_latent.poison();
+  d_lse.poison();
+  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  core::launch_core(plan, args, stream);
+  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<uint16_t> graph_latent = d_latent.download();
+  const std::vector<float> graph_lse = d_lse.download();
+  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+  MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_TRUE(graph_latent == got.latent) << spec.name << ": graph replay latent differs from direct launch";
+  EXPECT_EQ(0, std::memcmp(graph_lse.data(), got.lse.data(), graph_lse.size() * sizeof(float)))
+      << spec.name << ": graph replay lse differs from direct launch";
+}
+
+DcpLayout dcp(int rank, int size, int interleave) { return DcpLayout{rank, size, interleave}; }
+
+CoreCase make(std::string name, int heads, int q, std::vector<int> lengths) {
+  CoreCase c;
+  c.name = std::move(name);
+  c.heads = heads;
+  c.q = q;
+  c.lengths = std::move(lengths);
+  return c;
+}
+CoreCase with(CoreCase c, int num_splits, int padding = 0, DcpLayout layout = {}) {
+  c.num_splits = num_splits;
+  c.padding_requests = padding;
+  c.dcp = layout;
+  return c;
+}
+
+std::vector<CoreCase> cases() {
+  std::vector<CoreCase> v;
+  const std::vector<int> edge = {0, 1, 63, 64, 65, 4097};
+  v.push_back(with(make("h16_q1_edges_auto", 16, 1, edge), 0, 2));
+  v.push_back(with(make("h16_q1_edges_one_split", 16, 1, edge), 1, 1));
+  v.push_back(with(make("h16_q1_splits_gt_pages", 16, 1, {1, 65, 4097}), 100));
+  v.push_back(with(make("h8_q4_short", 8, 4, {1, 3, 4, 64, 65, 700}), 7, 1));
+  v.push_back(with(make("h12_q1_long_70000", 12, 1, {70000}), 0));
+  v.push_back(with(make("h12_q8_m96", 12, 8, {5, 8, 300, 129}), 3));
+  v.push_back(with(make("h64_q2", 64, 2, {4097, 65, 0}), 0));
+  v.push_back(with(make("h96_q1", 96, 1, {2000, 1, 130}), 5, 1));
+  v.push_back(with(make("h128_q1", 128, 1, {4097, 64}), 0));
+  v.push_back(with(make("h1_q1", 1, 1, {500, 2}), 2));
+  {
+    CoreCase c = make("h16_q1_page_stride", 16, 1, {3000, 200});
+    c.page_pad_bytes = 256;
+    v.push_back(c);
+  }
+  {
+    CoreCase c = make("h16_q1_peaky", 16, 1, {4097, 100});
+    c.logit_std = 6.0;
+    v.push_back(c);
+  }
+  v.push_back(with(make("dcp2_i1_h16_q2", 16, 2, {5000, 3, 130, 1}), 0, 1, dcp(1, 2, 1)));
+  v.push_back(with(make("dcp4_i64_h32_q1", 32, 1, {10000, 64 * 4 * 3 + 10, 100, 64 * 2 + 5}), 5, 0, dcp(2, 4, 64)));
+  v.push_back(with(make("dcp4_i1_h8_q4", 8, 4, {4097, 7, 2}), 1, 0, dcp(3, 4, 1)));
+  v.push_back(with(make("dcp2_i64_h24_q8", 24, 8, {1000, 70}), 0, 0, dcp(0, 2, 64)));
+  for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CoreTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; });
+
+// The plan fills the machine: batch 1 at 1M context uses every SM, and the split count never exceeds
+// the pages of max_context.
+TEST(CorePlan, FillsTheMachine) {
+  MLA_REQUIRE_GPU();
+  const core::CorePlan one = core::plan_core({.rows = 1, .heads = 12, .q = 1, .max_context = 1 << 20});
+  EXPECT_GE(int64_t{one.num_splits} * one.m_tiles, one.num_sms);
+  const core::CorePlan short_ctx = core::plan_core({.rows = 1, .heads = 12, .q = 1, .max_context = 256});
+  EXPECT_LE(short_ctx.num_splits, 4);
+  const core::CorePlan big = core::plan_core({.rows = 128, .heads = 16, .q = 1, .max_context = 4096});
+  EXPECT_GE(int64_t{big.num_splits} * big.m_tiles * 128, big.num_sms);
+  EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
+}
+
+}  // namespace
+}  // namespace mla
