@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -98,6 +99,11 @@ class PreparedMla {
   // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
   void run(const StepInputs& step, cudaStream_t stream);
 
+  // run() with `stage_events` recorded before the query stage and after the query, core and value
+  // stages, for per-stage profiling. The events separate the kernels, so the stages lose their PDL
+  // overlap: the four intervals sum to more than a plain run() takes.
+  void run_profiled(const StepInputs& step, cudaStream_t stream, const std::array<cudaEvent_t, 4>& stage_events);
+
   // The value checks run() cannot afford on device tensors (page indices and slots in range, lengths
   // within the block table and max_context, DCP local lengths): copies the metadata to the host and
   // SYNCHRONIZES. For debugging and tests; throws like run() does.
@@ -109,6 +115,11 @@ class PreparedMla {
 
  private:
   struct State;
+  // Validates `step` against its prepared shape and the object's state; returns the shape's index.
+  size_t checked_shape_index(const StepInputs& step, const char* caller) const;
+  // Launches the three PDL-chained stages of prepared shape `shape_index` (launches only).
+  void launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
+                   const std::array<cudaEvent_t, 4>* stage_events = nullptr) const;
   std::unique_ptr<State> state_;
 };
 

@@ -1,13 +1,17 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "core/launch.h"
 #include "host/validate.h"
 #include "mla/mla.h"
+#include "query/launch.h"
+#include "value/launch.h"
 
 namespace mla {
 
@@ -23,6 +27,40 @@ const char* core_kind_name(CoreKind kind) {
   return "unknown";
 }
 
+namespace {
+
+// Device memory owned by the prepared object (allocated once, in prepare()).
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
+  ~DeviceMemory() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceMemory(DeviceMemory&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) { other.ptr_ = nullptr; }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
+    std::swap(ptr_, other.ptr_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The launch plans of one prepared shape.
+struct ShapeKernels {
+  query::QueryPlan query;
+  core::CorePlan core;
+  value::ValuePlan value;
+};
+
+}  // namespace
+
 struct PreparedMla::State {
   Weights weights;
   LayerDims dims;
@@ -30,6 +68,14 @@ struct PreparedMla::State {
   PrepareOptions options;
   int device_index = 0;
   std::vector<PreparedShape> shapes;  // sorted by (rows, q)
+
+  // ---- Fixed by prepare() ----
+  bool prepared = false;
+  std::vector<ShapeKernels> kernels;  // parallel to `shapes`
+  DeviceMemory query_workspace;       // split-K partials of q_b_proj (largest shape)
+  DeviceMemory core_workspace;        // split-KV partials (largest shape)
+  DeviceMemory latent;                // [max rows, H_core, 512] bf16
+  DeviceMemory lse;                   // [max rows, H_core] fp32
 };
 
 namespace {
@@ -151,20 +197,177 @@ HostCopy copy_to_host(const TensorView& device) {
   return copy;
 }
 
+void require_current_device(int device_index, const char* where) {
+  int current = -1;
+  MLA_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_index) {
+    throw_bad_argument(std::string(where) + ": current CUDA device",
+                       std::to_string(device_index) + " (the prepared object's)", std::to_string(current));
+  }
+}
+
 }  // namespace
 
+// Everything here is a launch: no allocation, no synchronization, so a CUDA graph can capture it.
+void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
+                              const std::array<cudaEvent_t, 4>* stage_events) const {
+  auto mark = [&](int boundary) {
+    if (stage_events != nullptr) MLA_CUDA_CHECK(cudaEventRecord((*stage_events)[boundary], stream));
+  };
+  const State& state = *state_;
+  const PreparedShape& shape = state.shapes[shape_index];
+  const ShapeKernels& kernels = state.kernels[shape_index];
+  const Weights& w = state.weights;
+  const int heads = state.dims.num_heads;
+  const int num_requests = static_cast<int>(step.block_table.shape[0]);
+
+  query::QueryArgs query;
+  query.projected = step.projected.data;
+  query.pitch = shape.pitch;
+  query.q_a_norm = w.q_a_norm.data;
+  query.kv_a_norm = w.kv_a_norm.data;
+  query.q_b_proj = w.q_b_proj.data;
+  query.w_uk_t = w.w_uk_t.data;
+  query.slots = step.slots.as<const int64_t>();
+  query.rms_eps = state.dims.rms_eps;
+  query.q_scale = w.q_scale;
+  query.k_scale = w.k_scale;
+  query.query = state.query_scratch.data;
+  query.num_heads_out = heads;
+  query.head_offset = 0;
+  query.cache = step.cache.data;
+  query.stride_cache_page = step.cache.stride[0];
+  query.num_cache_pages = step.cache.shape[0];
+  query.workspace = state.query_workspace.get();
+  mark(0);
+  query::launch_query(kernels.query, query, stream, /*pdl=*/true);
+  mark(1);
+
+  core::CoreArgs core;
+  core.query = state.query_scratch.data;
+  core.cache = step.cache.data;
+  core.stride_cache_page = step.cache.stride[0];
+  core.block_table = step.block_table.as<const int32_t>();
+  core.stride_block_table = step.block_table.stride[0];
+  core.lengths = step.lengths.as<const int32_t>();
+  core.totals = step.totals.present() ? step.totals.as<const int32_t>() : nullptr;
+  core.num_requests = num_requests;
+  core.softmax_scale = static_cast<float>(double{w.q_scale} * w.k_scale / std::sqrt(double{kQkHeadDim}));
+  core.k_scale = w.k_scale;
+  core.latent = state.latent.get();
+  core.lse = static_cast<float*>(state.lse.get());
+  core.workspace = state.core_workspace.get();
+  core::launch_core(kernels.core, core, stream);
+  mark(2);
+
+  value::ValueParams value{};
+  value.latent = static_cast<const __nv_bfloat16*>(state.latent.get());
+  value.stride_latent_row = int64_t{heads} * kKvLoraRank;
+  value.w_uv = w.w_uv.as<const __nv_bfloat16>();
+  value.projected = step.projected.as<const __nv_bfloat16>();
+  value.stride_projected_row = shape.pitch;
+  value.lengths = step.lengths.as<const int32_t>();
+  value.totals = core.totals;
+  value.num_requests = num_requests;
+  value.q = shape.q;
+  value.out = step.out.as<__nv_bfloat16>();
+  value.rows = static_cast<int>(shape.rows);
+  value.num_heads = heads;
+  value::launch_value(value, kernels.value, stream, /*pdl=*/true);
+  mark(3);
+}
+
 void PreparedMla::prepare(const TensorView& cache) {
-  (void)cache;
-  throw Error("prepare: the GPU pipeline is not part of this build yet (query kernel, core and value kernel "
-              "land with issues 3, 4 and 8)");
+  State& state = *state_;
+  const int device = state.device_index;
+  if (cache.memory != Memory::kDevice || cache.device_index != device) {
+    throw_bad_argument("cache", "memory on cuda:" + std::to_string(device), cache.describe());
+  }
+  if (cache.rank != 3 || cache.shape[1] != kPageSize || cache.shape[2] != kKeyDim || cache.stride[2] != 1 ||
+      cache.stride[1] != kKeyDim || cache.stride[0] < int64_t{kPageSize} * kKeyDim || cache.shape[0] < 1 ||
+      (cache.dtype != DType::kFP8E4M3 && cache.dtype != DType::kU8)) {
+    throw_bad_argument("cache", "fp8_e4m3 or u8 [num_pages >= 1, 64, 576], token stride 576, page stride >= 36864",
+                       cache.describe());
+  }
+  require_current_device(device, "prepare");
+  const int heads = state.dims.num_heads;
+  for (const PreparedShape& shape : state.shapes) {
+    if (shape.pitch % 8 != 0) {
+      throw_bad_argument("pitches[" + std::to_string(shape.rows) + "]", "a multiple of 8 (16-byte aligned rows)",
+                         std::to_string(shape.pitch));
+    }
+  }
+
+  // ---- 1. Plans: grids, split counts, shared-memory limits, workspace sizes.
+  std::vector<ShapeKernels> kernels;
+  size_t query_workspace = 0, core_workspace = 0;
+  int64_t max_rows = 0, max_pitch = 0;
+  for (PreparedShape& shape : state.shapes) {
+    ShapeKernels k;
+    k.query = query::make_query_plan(shape.rows, heads);
+    core::CoreShape core_shape;
+    core_shape.rows = shape.rows;
+    core_shape.heads = heads;
+    core_shape.q = shape.q;
+    core_shape.max_context = state.options.max_context;
+    k.core = core::plan_core(core_shape);
+    k.value = value::plan_value(static_cast<int>(shape.rows), heads);
+    shape.num_splits = k.core.num_splits;
+    query_workspace = std::max(query_workspace, k.query.workspace_bytes);
+    core_workspace = std::max(core_workspace, k.core.workspace_bytes);
+    max_rows = std::max(max_rows, shape.rows);
+    max_pitch = std::max(max_pitch, shape.pitch);
+    kernels.push_back(k);
+  }
+
+  // ---- 2. Buffers between the stages, sized for the largest shape.
+  state.kernels = std::move(kernels);
+  state.query_workspace = DeviceMemory(query_workspace);
+  state.core_workspace = DeviceMemory(core_workspace);
+  state.latent = DeviceMemory(static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2);
+  state.lse = DeviceMemory(static_cast<size_t>(max_rows) * heads * sizeof(float));
+  state.prepared = true;
+
+  // ---- 3. Warm every shape once on an all-padding step (no request, no cache write), so module
+  // loading and first-launch costs stay out of the engine's first real step and of graph capture.
+  DeviceMemory projected(static_cast<size_t>(max_rows) * max_pitch * 2);
+  DeviceMemory out(static_cast<size_t>(max_rows) * heads * kVHeadDim * 2);
+  DeviceMemory slots(static_cast<size_t>(max_rows) * sizeof(int64_t));
+  DeviceMemory metadata(64);
+  MLA_CUDA_CHECK(cudaMemset(projected.get(), 0, static_cast<size_t>(max_rows) * max_pitch * 2));
+  MLA_CUDA_CHECK(cudaMemset(slots.get(), 0xff, static_cast<size_t>(max_rows) * sizeof(int64_t)));  // -1
+  MLA_CUDA_CHECK(cudaMemset(metadata.get(), 0, 64));
+  for (size_t i = 0; i < state.shapes.size(); ++i) {
+    const PreparedShape& shape = state.shapes[i];
+    StepInputs warm;
+    warm.projected = make_strided_view(projected.get(), DType::kBF16, Memory::kDevice,
+                                       {shape.rows, projected_width(heads)}, {shape.pitch, 1}, device);
+    warm.out = make_view(out.get(), DType::kBF16, Memory::kDevice, {shape.rows, int64_t{heads} * kVHeadDim}, device);
+    warm.cache = cache;
+    warm.slots = make_view(slots.get(), DType::kI64, Memory::kDevice, {shape.rows}, device);
+    warm.block_table = make_view(metadata.get(), DType::kI32, Memory::kDevice, {0, 1}, device);
+    warm.lengths = make_view(metadata.get(), DType::kI32, Memory::kDevice, {0}, device);
+    warm.q = shape.q;
+    launch_step(i, warm, nullptr);
+  }
+  MLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+size_t PreparedMla::checked_shape_index(const StepInputs& step, const char* caller) const {
+  const PreparedShape& shape = this->shape(step.projected.shape[0], step.q);
+  detail::validate_step(step, device_contract(state_->dims, state_->options, state_->device_index, shape));
+  if (!state_->prepared) throw Error(std::string(caller) + ": prepare(cache) has not been called on this PreparedMla");
+  require_current_device(state_->device_index, caller);
+  return static_cast<size_t>(&shape - state_->shapes.data());
 }
 
 void PreparedMla::run(const StepInputs& step, cudaStream_t stream) {
-  (void)stream;
-  const PreparedShape& shape = this->shape(step.projected.shape[0], step.q);
-  detail::validate_step(step, device_contract(state_->dims, state_->options, state_->device_index, shape));
-  throw Error("run: the GPU pipeline is not part of this build yet (query kernel, core and value kernel land "
-              "with issues 3, 4 and 8)");
+  launch_step(checked_shape_index(step, "run"), step, stream);
+}
+
+void PreparedMla::run_profiled(const StepInputs& step, cudaStream_t stream,
+                               const std::array<cudaEvent_t, 4>& stage_events) {
+  launch_step(checked_shape_index(step, "run_profiled"), step, stream, &stage_events);
 }
 
 void PreparedMla::check_step(const StepInputs& step) const {

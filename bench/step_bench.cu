@@ -1,0 +1,308 @@
+// Whole-step benchmark (issue 8, DESIGN.md §6): PreparedMla::run (query kernel -> core -> value
+// kernel, PDL-chained) against the stock composition of the same step (RMSNorm kernel, cuBLAS GEMM
+// for q_b_proj, batched GEMM for W_UK, quantize-and-cache-write kernel, the same core, batched GEMM
+// for W_UV, gate kernel), both as CUDA graphs of 20 steps rotating over replicas whose weights + KV
+// exceed the L2, median of 30 replays; the floor from ceilings measured in the same run.
+//
+//   step_bench [--csv FILE] [--quick]
+//
+// Grid: batch rows {1, 4, 16, 64, 256} x context {4k, 32k, 128k} x H {12, 96} x q {1, 4} (rows are
+// requests * q, so batch 1 has no q = 4 shape). Every request has the full context.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "core/launch.h"
+#include "device_timing.h"
+#include "mla/mla.h"
+#include "query_bench_stock.cuh"
+#include "synthetic.h"
+
+namespace mla::bench {
+namespace {
+
+#define CUBLAS_CHECK(call)                                                                             \
+  do {                                                                                                 \
+    const cublasStatus_t status_ = (call);                                                             \
+    if (status_ != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS error " + std::to_string(int(status_)) + \
+                                                      " at " + __FILE__ + ":" + std::to_string(__LINE__)); \
+  } while (0)
+
+// Gate and zero rows of the stock value stage: out = bf16(v * sigmoid(gate)), zero for empty rows.
+__global__ void stock_gate_kernel(const __nv_bfloat16* v, const __nv_bfloat16* projected, int64_t pitch,
+                                  const int32_t* lengths, int q, int num_requests, int width, __nv_bfloat16* out) {
+  const int row = blockIdx.x;
+  const int request = row / q;
+  const bool zero = request >= num_requests || lengths[request] == 0;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    const float gate = __bfloat162float(projected[row * pitch + kProjectedGateOffset + c]);
+    const float x = __bfloat162float(v[int64_t(row) * width + c]);
+    out[int64_t(row) * width + c] = __float2bfloat16_rn(zero ? 0.0f : x / (1.0f + expf(-gate)));
+  }
+}
+
+// Random FP8 cache bytes: e4m3 of N(0, 32) (the spread of kv_normed / k_scale), from a hash.
+__global__ void fill_cache_kernel(uint8_t* cache, int64_t bytes, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t x = (i + seed) * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    const float u1 = (static_cast<float>(x & 0xffffff) + 1.0f) / 16777217.0f;
+    const float u2 = static_cast<float>((x >> 24) & 0xffffff) / 16777216.0f;
+    const float normal = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    cache[i] = __nv_cvt_float_to_fp8(32.0f * normal, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <class T>
+T* device_alloc(size_t count) {
+  void* p = nullptr;
+  MLA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, count * sizeof(T))));
+  return static_cast<T*>(p);
+}
+template <class T>
+T* device_copy(const std::vector<T>& host) {
+  T* p = device_alloc<T>(host.size());
+  MLA_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+struct Config {
+  int rows, context, heads, q;
+};
+
+// One replica: the layer's weights and a full step on the device, a PreparedMla over them, and the
+// stock composition's intermediates.
+struct Replica {
+  std::vector<void*> allocations;
+  StepInputs inputs;
+  Weights weights;
+  std::unique_ptr<PreparedMla> mla;
+  // stock intermediates
+  __nv_bfloat16 *qn, *kvn, *q, *ql, *latent, *v;
+  float* lse;
+  uint8_t* query;
+  void* core_workspace = nullptr;
+  core::CorePlan core_plan;
+
+  template <class T>
+  T* track(T* p) {
+    allocations.push_back(p);
+    return p;
+  }
+  ~Replica() {
+    mla.reset();
+    for (void* p : allocations) cudaFree(p);
+  }
+};
+
+std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLayer& layer, uint64_t seed,
+                                      cudaStream_t stream) {
+  auto r = std::make_unique<Replica>();
+  const int64_t rows = c.rows, heads = c.heads;
+  const int requests = c.rows / c.q;
+  const int pages_per_request = (c.context + kPageSize - 1) / kPageSize;
+  const int64_t num_pages = int64_t{requests} * pages_per_request;
+  const int64_t pitch = (projected_width(c.heads) + 7) / 8 * 8;
+
+  // Weights.
+  auto bf16_view = [&](const std::vector<uint16_t>& host, std::initializer_list<int64_t> shape) {
+    return make_view(r->track(device_copy(host)), DType::kBF16, Memory::kDevice, shape);
+  };
+  r->weights.q_a_norm = bf16_view(layer.q_a_norm, {kQLoraRank});
+  r->weights.kv_a_norm = bf16_view(layer.kv_a_norm, {kKvLoraRank});
+  r->weights.q_b_proj = bf16_view(layer.q_b_proj, {heads * kQkHeadDim, kQLoraRank});
+  r->weights.w_uk_t = bf16_view(layer.w_uk_t, {heads, kNopeDim, kKvLoraRank});
+  r->weights.w_uv = bf16_view(layer.w_uv, {heads, kKvLoraRank, kVHeadDim});
+  r->weights.q_scale = layer.q_scale;
+  r->weights.k_scale = layer.k_scale;
+
+  // The step: random projected rows, a random cache, permuted pages, slots at the last q positions.
+  synth::Rng rng(synth::stream_seed(seed, 1));
+  std::vector<uint16_t> projected(rows * pitch);
+  synth::fill_random_bf16(projected, 0.0, 1.0, rng);
+  std::vector<int32_t> pages(num_pages);
+  std::iota(pages.begin(), pages.end(), 0);
+  for (int64_t i = num_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng() % (i + 1)]);
+  std::vector<int32_t> lengths(requests, c.context);
+  std::vector<int64_t> slots(rows);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int request = static_cast<int>(row / c.q);
+    const int64_t position = c.context - c.q + row % c.q;
+    slots[row] = int64_t{pages[request * pages_per_request + position / kPageSize]} * kPageSize + position % kPageSize;
+  }
+  uint8_t* cache = r->track(device_alloc<uint8_t>(num_pages * kPageSize * kKeyDim));
+  fill_cache_kernel<<<2048, 256, 0, stream>>>(cache, num_pages * kPageSize * kKeyDim, seed);
+  MLA_CUDA_CHECK_LAUNCH();
+
+  StepInputs& s = r->inputs;
+  s.projected = make_strided_view(r->track(device_copy(projected)), DType::kBF16, Memory::kDevice,
+                                  {rows, projected_width(c.heads)}, {pitch, 1});
+  s.out = make_view(r->track(device_alloc<uint16_t>(rows * heads * kVHeadDim)), DType::kBF16, Memory::kDevice,
+                    {rows, heads * kVHeadDim});
+  s.cache = make_view(cache, DType::kFP8E4M3, Memory::kDevice, {num_pages, kPageSize, kKeyDim});
+  s.slots = make_view(r->track(device_copy(slots)), DType::kI64, Memory::kDevice, {rows});
+  s.block_table = make_view(r->track(device_copy(pages)), DType::kI32, Memory::kDevice, {requests, pages_per_request});
+  s.lengths = make_view(r->track(device_copy(lengths)), DType::kI32, Memory::kDevice, {requests});
+  s.q = c.q;
+
+  const TensorView scratch = make_view(r->track(device_alloc<uint8_t>(rows * heads * kKeyDim)), DType::kFP8E4M3,
+                                       Memory::kDevice, {rows, heads, kKeyDim});
+  r->mla = std::make_unique<PreparedMla>(r->weights, LayerDims{c.heads, 1e-5f}, std::map<int64_t, int64_t>{{rows, pitch}},
+                                         scratch, PrepareOptions{.max_context = 1 << 17, .queries = {c.q}});
+  r->mla->prepare(s.cache);
+
+  // Stock intermediates.
+  r->query = scratch.as<uint8_t>();
+  r->qn = r->track(device_alloc<__nv_bfloat16>(rows * kQLoraRank));
+  r->kvn = r->track(device_alloc<__nv_bfloat16>(rows * kKvLoraRank));
+  r->q = r->track(device_alloc<__nv_bfloat16>(rows * heads * kQkHeadDim));
+  r->ql = r->track(device_alloc<__nv_bfloat16>(rows * heads * kKvLoraRank));
+  r->latent = r->track(device_alloc<__nv_bfloat16>(rows * heads * kKvLoraRank));
+  r->v = r->track(device_alloc<__nv_bfloat16>(rows * heads * kVHeadDim));
+  r->lse = r->track(device_alloc<float>(rows * heads));
+  core::CoreShape shape;
+  shape.rows = rows;
+  shape.heads = c.heads;
+  shape.q = c.q;
+  shape.max_context = 1 << 17;
+  r->core_plan = core::plan_core(shape);
+  if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->track(device_alloc<uint8_t>(r->core_plan.workspace_bytes));
+  return r;
+}
+
+// The stock composition of one step on replica `r`.
+void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStream_t stream) {
+  const int H = c.heads, rows = c.rows;
+  const StepInputs& s = r.inputs;
+  const auto* projected = s.projected.as<const __nv_bfloat16>();
+  const int64_t pitch = s.projected.stride[0];
+  const float alpha = 1.f, beta = 0.f;
+  stock_rms_norm_kernel<<<rows, 256, 0, stream>>>(projected, pitch, r.weights.q_a_norm.as<const __nv_bfloat16>(),
+                                                  r.weights.kv_a_norm.as<const __nv_bfloat16>(), 1e-5f, r.qn, r.kvn);
+  MLA_CUDA_CHECK_LAUNCH();
+  CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &alpha,
+                            r.weights.q_b_proj.data, CUDA_R_16BF, kQLoraRank, r.qn, CUDA_R_16BF, kQLoraRank, &beta, r.q,
+                            CUDA_R_16BF, H * kQkHeadDim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &alpha,
+                                          r.weights.w_uk_t.data, CUDA_R_16BF, kKvLoraRank, kNopeDim * kKvLoraRank, r.q,
+                                          CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &beta, r.ql, CUDA_R_16BF,
+                                          H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  stock_quantize_kernel<<<dim3(rows, H), 128, 0, stream>>>(r.q, r.ql, r.kvn, projected, pitch, s.slots.as<const int64_t>(),
+                                                           H, 1.0f / r.weights.q_scale, 1.0f / r.weights.k_scale, r.query,
+                                                           s.cache.as<uint8_t>(), s.cache.stride[0]);
+  MLA_CUDA_CHECK_LAUNCH();
+  core::CoreArgs args;
+  args.query = r.query;
+  args.cache = s.cache.data;
+  args.stride_cache_page = s.cache.stride[0];
+  args.block_table = s.block_table.as<const int32_t>();
+  args.stride_block_table = s.block_table.stride[0];
+  args.lengths = s.lengths.as<const int32_t>();
+  args.num_requests = static_cast<int>(s.block_table.shape[0]);
+  args.softmax_scale = r.weights.q_scale * r.weights.k_scale / std::sqrt(float(kQkHeadDim));
+  args.k_scale = r.weights.k_scale;
+  args.latent = r.latent;
+  args.lse = r.lse;
+  args.workspace = r.core_workspace;
+  core::launch_core(r.core_plan, args, stream);
+  // v^T (128 x rows) = W_UV[h]^T (128 x 512) . latent[h]^T (512 x rows), per head (column-major view).
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, rows, kKvLoraRank, &alpha,
+                                          r.weights.w_uv.data, CUDA_R_16BF, kVHeadDim, kKvLoraRank * kVHeadDim, r.latent,
+                                          CUDA_R_16BF, H * kKvLoraRank, kKvLoraRank, &beta, r.v, CUDA_R_16BF,
+                                          H * kVHeadDim, kVHeadDim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  stock_gate_kernel<<<rows, 256, 0, stream>>>(r.v, projected, pitch, s.lengths.as<const int32_t>(), c.q,
+                                              args.num_requests, H * kVHeadDim, s.out.as<__nv_bfloat16>());
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+}  // namespace mla::bench
+
+int main(int argc, char** argv) {
+  using namespace mla;
+  std::string csv_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: step_bench [--csv FILE] [--quick]\n");
+      return 2;
+    }
+  }
+  try {
+    cudaStream_t stream;
+    MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublasHandle_t cublas;
+    CUBLAS_CHECK(cublasCreate(&cublas));
+    CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    const timing::Ceilings ceilings = timing::measure_ceilings(stream);
+    cudaDeviceProp prop{};
+    MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs; ceilings: %s\n\n", prop.name, prop.multiProcessorCount, ceilings.describe().c_str());
+
+    std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+    if (csv) std::fprintf(csv, "rows,context,heads,q,fused_us,stock_us,floor_us,fused_over_floor,stock_over_fused,gbs,tflops\n");
+    std::printf("| rows | context | H | q | fused µs | floor µs | fused/floor | stock µs | stock/fused | GB/s | TFLOP/s |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+
+    std::map<int, synth::SyntheticLayer> layers;
+    const std::vector<int> batches = quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256};
+    const std::vector<int> contexts = quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072};
+    for (int heads : {12, 96}) {
+      layers.emplace(heads, synth::make_layer(heads, 1));
+      for (int q : {1, 4}) {
+        for (int rows : batches) {
+          if (rows % q != 0) continue;
+          for (int context : contexts) {
+            const bench::Config c{rows, context, heads, q};
+            const double kv_bytes = double(rows / q) * context * kKeyDim;
+            const double weight_bytes = 2.0 * heads * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank + kKvLoraRank * kVHeadDim);
+            const int replicas = static_cast<int>(std::clamp(std::ceil(150e6 / (kv_bytes + weight_bytes)), 1.0, 8.0));
+            std::vector<std::unique_ptr<bench::Replica>> copies;
+            for (int i = 0; i < replicas; ++i) copies.push_back(bench::make_replica(c, layers.at(heads), 10 + i, stream));
+            MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+            const double fused = timing::time_graph_us(
+                stream, [&](int i) { copies[i % replicas]->mla->run(copies[i % replicas]->inputs, stream); });
+            const double stock = timing::time_graph_us(
+                stream, [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream); });
+            double visible = 0;
+            for (int i = 0; i < q; ++i) visible += context - q + i + 1;
+            const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
+            const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
+            std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f |\n", rows, context, heads, q,
+                        fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
+                        cost.flops() / (fused * 1e6));
+            std::fflush(stdout);
+            if (csv) {
+              std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f\n", rows, context, heads, q, fused, stock,
+                           floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
+            }
+          }
+        }
+      }
+    }
+    if (csv) std::fclose(csv);
+    CUBLAS_CHECK(cublasDestroy(cublas));
+    MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
