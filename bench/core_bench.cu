@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "device_timing.h"
 #include "core/launch.h"
 #include "mla/dims.h"
 
@@ -37,37 +38,6 @@ struct Shape {
   int heads;
   int q;
 };
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double copy_bandwidth_gbs() {
-  const size_t bytes = size_t{2} << 30;
-  void *a, *b;
-  MLA_CUDA_CHECK(cudaMalloc(&a, bytes));
-  MLA_CUDA_CHECK(cudaMalloc(&b, bytes));
-  MLA_CUDA_CHECK(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start));
-  MLA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {
-    MLA_CUDA_CHECK(cudaEventRecord(start));
-    MLA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    MLA_CUDA_CHECK(cudaEventRecord(stop));
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t;
-    MLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (i >= 2) ms.push_back(t);
-  }
-  MLA_CUDA_CHECK(cudaFree(a));
-  MLA_CUDA_CHECK(cudaFree(b));
-  MLA_CUDA_CHECK(cudaEventDestroy(start));
-  MLA_CUDA_CHECK(cudaEventDestroy(stop));
-  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
-}
 
 struct Result {
   double us, gbs, pct, tflops;
@@ -114,11 +84,7 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
 
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  constexpr int kLaunchesPerGraph = 20;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) {
+  const double us = mla::timing::time_graph_us(stream, [&](int i) {
     mla::core::CoreArgs args;
     args.query = query;
     args.cache = cache;
@@ -133,23 +99,7 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
     args.lse = lse;
     args.workspace = workspace;
     mla::core::launch_core(plan, args, stream);
-  }
-  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start));
-  MLA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 12; ++rep) {
-    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
-    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t;
-    MLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 2) ms.push_back(t);
-  }
-  const double us = median(ms) * 1e3 / kLaunchesPerGraph;
+  }, /*launches=*/20, /*replays=*/10);
   const double kv_bytes = double(s.batch) * s.context * mla::kKeyDim;
   const double flops = 2.0 * (mla::kKeyDim + mla::kKvLoraRank) * double(s.batch) * s.q * s.heads * s.context;
   Result r;
@@ -161,10 +111,6 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
   r.stages = plan.stages;
   r.ctas_per_sm = plan.ctas_per_sm;
 
-  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  MLA_CUDA_CHECK(cudaEventDestroy(start));
-  MLA_CUDA_CHECK(cudaEventDestroy(stop));
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   MLA_CUDA_CHECK(cudaFree(cache));
   MLA_CUDA_CHECK(cudaFree(query));
@@ -195,7 +141,7 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop;
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    const double copy_gbs = copy_bandwidth_gbs();
+    const double copy_gbs = mla::timing::measure_copy_gbs(nullptr);
     const std::vector<Shape> shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
                                        {64, 8192, 16, 4},  {1, 131072, 16, 1}, {1, 1 << 20, 12, 1},
                                        {32, 32768, 12, 1}, {16, 65536, 96, 4}};

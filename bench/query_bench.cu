@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "device_timing.h"
 #include "mla/dims.h"
 #include "query/launch.h"
 #include "query_bench_stock.cuh"
@@ -52,96 +53,6 @@ T* device_alloc(size_t count) {
   T* p = nullptr;
   MLA_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
   return p;
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median time (µs) of one launch of `enqueue(i)`, i = launch index, over graph replays.
-template <class F>
-float time_graph(cudaStream_t stream, F&& enqueue) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) enqueue(i);
-  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start));
-  MLA_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int w = 0; w < 3; ++w) MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<float> times;
-  for (int r = 0; r < kReplays; ++r) {
-    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
-    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1000.f / kLaunchesPerGraph);
-  }
-  MLA_CUDA_CHECK(cudaEventDestroy(start));
-  MLA_CUDA_CHECK(cudaEventDestroy(stop));
-  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  return median(times);
-}
-
-struct Ceilings {
-  double copy_gbs = 0;     // device-to-device copy, bytes read + written
-  double matrix_tflops = 0;
-};
-
-Ceilings measure_ceilings(cudaStream_t stream, cublasHandle_t cublas) {
-  Ceilings c;
-  const size_t bytes = size_t(1) << 30;
-  void* a = device_alloc<uint8_t>(bytes);
-  void* b = device_alloc<uint8_t>(bytes);
-  MLA_CUDA_CHECK(cudaMemset(a, 1, bytes));
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start));
-  MLA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> t;
-  for (int i = 0; i < 12; ++i) {
-    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
-    MLA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
-    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms;
-    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) t.push_back(ms);
-  }
-  c.copy_gbs = 2.0 * bytes / (median(t) * 1e-3) / 1e9;
-  MLA_CUDA_CHECK(cudaFree(a));
-  MLA_CUDA_CHECK(cudaFree(b));
-
-  const int n = 8192;
-  auto* x = device_alloc<__nv_bfloat16>(size_t(n) * n);
-  auto* y = device_alloc<__nv_bfloat16>(size_t(n) * n);
-  auto* z = device_alloc<__nv_bfloat16>(size_t(n) * n);
-  fill_random_bf16<<<1024, 256, 0, stream>>>(x, size_t(n) * n, 1, 1.f);
-  fill_random_bf16<<<1024, 256, 0, stream>>>(y, size_t(n) * n, 2, 1.f);
-  const float alpha = 1.f, beta = 0.f;
-  t.clear();
-  for (int i = 0; i < 8; ++i) {
-    MLA_CUDA_CHECK(cudaEventRecord(start, stream));
-    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, x, CUDA_R_16BF, n, y, CUDA_R_16BF, n,
-                              &beta, z, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    MLA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms;
-    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) t.push_back(ms);
-  }
-  c.matrix_tflops = 2.0 * n * double(n) * n / (median(t) * 1e-3) / 1e12;
-  MLA_CUDA_CHECK(cudaFree(x));
-  MLA_CUDA_CHECK(cudaFree(y));
-  MLA_CUDA_CHECK(cudaFree(z));
-  MLA_CUDA_CHECK(cudaEventDestroy(start));
-  MLA_CUDA_CHECK(cudaEventDestroy(stop));
-  return c;
 }
 
 // Buffers for one (rows, H): rotating weight sets and the per-step tensors.
@@ -211,7 +122,7 @@ void free_problem(Problem& p) {
 }
 
 float time_fused(Problem& p, const query::QueryPlan& plan, void* workspace, cudaStream_t stream) {
-  return time_graph(stream, [&](int i) {
+  return timing::time_graph_us(stream, [&](int i) {
     query::QueryArgs a;
     a.projected = p.projected;
     a.pitch = p.pitch;
@@ -228,12 +139,12 @@ float time_fused(Problem& p, const query::QueryPlan& plan, void* workspace, cuda
     a.num_cache_pages = p.num_pages;
     a.workspace = workspace;
     query::launch_query(plan, a, stream, true);
-  });
+  }, kLaunchesPerGraph, kReplays);
 }
 
 float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
   const int H = p.H, rows = p.rows;
-  return time_graph(stream, [&](int i) {
+  return timing::time_graph_us(stream, [&](int i) {
     const float alpha = 1.f, beta = 0.f;
     bench::stock_rms_norm_kernel<<<rows, 256, 0, stream>>>(p.projected, p.pitch, p.q_a_norm, p.kv_a_norm, 1e-5f, p.qn, p.kvn);
     MLA_CUDA_CHECK_LAUNCH();
@@ -247,7 +158,7 @@ float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
     bench::stock_quantize_kernel<<<dim3(rows, H), 128, 0, stream>>>(p.q, p.ql, p.kvn, p.projected, p.pitch, p.slots, H,
                                                                   50.f, 100.f, p.query, p.cache, p.page_stride);
     MLA_CUDA_CHECK_LAUNCH();
-  });
+  }, kLaunchesPerGraph, kReplays);
 }
 
 }  // namespace
@@ -268,9 +179,9 @@ int main(int argc, char** argv) {
 
   cudaDeviceProp prop;
   MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const Ceilings ceil = measure_ceilings(stream, cublas);
+  const timing::Ceilings ceil = timing::measure_ceilings(stream);
   std::printf("device %s, %d SMs; copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s\n", prop.name,
-              prop.multiProcessorCount, ceil.copy_gbs, ceil.matrix_tflops);
+              prop.multiProcessorCount, ceil.copy_gbs, ceil.bf16_tflops);
 
   void* workspace = device_alloc<uint8_t>(size_t(64) << 20);
   if (sweep) {

@@ -75,15 +75,6 @@ double time_events_us(cudaStream_t stream, const std::function<void()>& work, in
   return median(times);
 }
 
-double measure_copy_gbs(cudaStream_t stream) {
-  const size_t bytes = size_t{2} << 30;  // 2 GiB each way: far beyond the 60 MB L2
-  DeviceBytes a(bytes), b(bytes);
-  MLA_CUDA_CHECK(cudaMemsetAsync(a.get(), 0x5a, bytes, stream));
-  const double us = time_events_us(
-      stream, [&] { MLA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream)); }, 10);
-  return 2.0 * bytes / (us * 1e-6) / 1e9;
-}
-
 constexpr int kGemmSize = 8192;
 
 double measure_bf16_tflops(cudaStream_t stream) {
@@ -155,6 +146,15 @@ double measure_fp8_tflops(cudaStream_t stream) {
 }
 
 }  // namespace
+
+double measure_copy_gbs(cudaStream_t stream) {
+  const size_t bytes = size_t{2} << 30;  // 2 GiB each way: far beyond the 60 MB L2
+  DeviceBytes a(bytes), b(bytes);
+  MLA_CUDA_CHECK(cudaMemsetAsync(a.get(), 0x5a, bytes, stream));
+  const double us = time_events_us(
+      stream, [&] { MLA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream)); }, 10);
+  return 2.0 * bytes / (us * 1e-6) / 1e9;
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;

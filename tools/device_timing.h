@@ -26,6 +26,9 @@ struct Ceilings {
   std::string describe() const;  // "copy 4300 GB/s, bf16 780 TFLOP/s, fp8 1450 TFLOP/s"
 };
 
+// Device-to-device copy bandwidth (2 GiB each way, median of 10), bytes read + written per second / 1e9.
+double measure_copy_gbs(cudaStream_t stream);
+
 // Measures the ceilings on the current device (about a second).
 Ceilings measure_ceilings(cudaStream_t stream);
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,16 +69,20 @@ StepContract host_contract() {
   return c;
 }
 
-// Expects validate_step to throw an mla::Error whose message holds every one of `parts`.
-void expect_step_error(const StepInputs& step, const StepContract& contract, std::vector<std::string> parts) {
+// Expects `check` to throw an mla::Error whose message holds every one of `parts`.
+void expect_error(const std::function<void()>& check, const std::vector<std::string>& parts) {
   try {
-    detail::validate_step(step, contract);
+    check();
     ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
   } catch (const Error& e) {
     for (const std::string& part : parts) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what() << "\nlacks: " << part;
     }
   }
+}
+
+void expect_step_error(const StepInputs& step, const StepContract& contract, const std::vector<std::string>& parts) {
+  expect_error([&] { detail::validate_step(step, contract); }, parts);
 }
 
 TEST(Validate, ValidStepPasses) {
@@ -287,15 +292,8 @@ TEST(Validate, AbsentTensor) {
 
 // ---- Weights ---------------------------------------------------------------------------------------
 
-void expect_weights_error(const Weights& w, const LayerDims& dims, std::vector<std::string> parts) {
-  try {
-    detail::validate_weights(w, dims, Memory::kHost, 0);
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what() << "\nlacks: " << part;
-    }
-  }
+void expect_weights_error(const Weights& w, const LayerDims& dims, const std::vector<std::string>& parts) {
+  expect_error([&] { detail::validate_weights(w, dims, Memory::kHost, 0); }, parts);
 }
 
 TEST(ValidateWeights, WrongShapes) {
