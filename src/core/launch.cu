@@ -60,7 +60,7 @@ int choose_splits(int64_t work, int64_t num_sms, int64_t slots, int64_t max_spli
 }
 
 void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                     void** args) {
+                     void** args, bool pdl = true) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -70,7 +70,7 @@ void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cud
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = pdl ? 1 : 0;
   MLA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
 }
 
@@ -128,7 +128,7 @@ CorePlan plan_core(const CoreShape& shape) {
   return plan;
 }
 
-void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream) {
+void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl) {
   const CoreShape& shape = plan.shape;
   const int64_t entries = shape.rows * shape.heads;
   CoreParams params;
@@ -156,7 +156,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   }
   void* split_args[] = {&params};
   launch_with_pdl(reinterpret_cast<const void*>(split_kernel_for(plan.stages)), plan.grid, dim3(kNumThreads),
-                  plan.smem_bytes, stream, split_args);
+                  plan.smem_bytes, stream, split_args, pdl);
   if (plan.num_splits == 1) return;
 
   CombineParams combine;

@@ -60,8 +60,9 @@ struct CoreArgs {
   void* workspace = nullptr;             // plan.workspace_bytes, 16-byte aligned (may be null if 0)
 };
 
-// Launches the split kernel (PDL-dependent on the previous kernel in `stream`) and, with more than
-// one split, the combine kernel (PDL-chained). Only launches.
-void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream);
+// Launches the split kernel (with `pdl`, PDL-dependent on the previous kernel in `stream`; without,
+// it starts after everything before it completed) and, with more than one split, the combine kernel
+// (PDL-chained). Only launches.
+void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl = true);
 
 }  // namespace mla::core

@@ -1,4 +1,5 @@
 // The value kernel: out[r, h*128 + c] = bf16((latent[r, h] . W_UV[h][:, c]) * sigmoid(gate[r, h*128 + c])).
+// With kMergeDcp the latent is first merged from the D ranks' partials by LSE (ValueParams).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,6 +27,35 @@ __device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) {
   return tokens <= 0;
 }
 
+// This thread's 8 latent elements [k_begin, k_begin + 8) of (row, head), merged in fp32 from the D
+// partials: weights exp(lse_p - max) / sum, the same as exp(lse_p - lse). NOTE: a weight of exactly 0
+// (an empty shard, lse_p = -inf) skips the partial's load, so nothing it holds can reach the sum; all
+// empty (max = -inf) gives 0 without any exp(-inf - -inf).
+__device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int head, int k_begin,
+                                              float (&latent)[kKPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kKPerThread; ++i) latent[i] = 0.0f;
+  const int64_t lse_index = static_cast<int64_t>(row) * p.stride_lse_row + head;
+  float lse_max = -INFINITY;
+  for (int r = 0; r < p.num_partials; ++r) lse_max = fmaxf(lse_max, p.partial_lse[r][lse_index]);
+  if (lse_max == -INFINITY) return;
+  const int64_t latent_index = static_cast<int64_t>(row) * p.stride_latent_row + head * kKvLoraRank + k_begin;
+  float weight_sum = 0.0f;
+  for (int r = 0; r < p.num_partials; ++r) {
+    const float weight = expf(p.partial_lse[r][lse_index] - lse_max);
+    if (weight == 0.0f) continue;
+    weight_sum += weight;
+    float partial[kKPerThread];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(p.partial_latent[r] + latent_index), partial);
+#pragma unroll
+    for (int i = 0; i < kKPerThread; ++i) latent[i] = fmaf(weight, partial[i], latent[i]);
+  }
+  const float inv_sum = 1.0f / weight_sum;  // >= 1: the largest partial has weight exp(0)
+#pragma unroll
+  for (int i = 0; i < kKPerThread; ++i) latent[i] *= inv_sum;
+}
+
+template <bool kMergeDcp>
 __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__ ValueParams p) {
   // ---- 1. Grid mapping: CTA = (32-column slice, head, 16-row tile); thread = (column group, k slice).
   const int column_slice = blockIdx.x;
@@ -53,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
 #pragma unroll
   for (int i = 0; i < kKPerThread; ++i) bf16x8_to_float(w_packed[i], w[i]);
 
-  // ---- 3. Wait for the core's latent (and everything before it).
+  // ---- 3. Wait for the core's latent, or under DCP every rank's partials (and everything before).
   cudaGridDependencySynchronize();
 
   // ---- 4. Passes of 4 rows: partial dot products, reduced over the warp's 8 k slices by shuffles and
@@ -65,9 +95,13 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
       const int row = pass_begin + rr;
       if (row >= row_end) continue;
       float latent[kKPerThread];
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
-                                                      head * kKvLoraRank + k_begin),
-                      latent);
+      if constexpr (kMergeDcp) {
+        merged_latent(p, row, head, k_begin, latent);
+      } else {
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
+                                                        head * kKvLoraRank + k_begin),
+                        latent);
+      }
 #pragma unroll
       for (int i = 0; i < kKPerThread; ++i) {
 #pragma unroll

@@ -15,7 +15,8 @@ struct ValuePlan {
 ValuePlan plan_value(int rows, int num_heads);
 
 // Launches on `stream`; with `pdl`, as a programmatic dependent of the previous kernel in the stream
-// (it loads W_UV before waiting for the latent). No allocation, no synchronization.
+// (it loads W_UV before waiting for the latent). With params.num_partials > 1 the DCP-merging kernel
+// runs. No allocation, no synchronization; a bad num_partials or a null partial is an mla::Error.
 void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t stream, bool pdl);
 
 }  // namespace mla::value
