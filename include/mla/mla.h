@@ -63,13 +63,26 @@ enum class CoreKind { kAuto };
 CoreKind parse_core_kind(const char* name);  // "auto"; anything else is an Error
 const char* core_kind_name(CoreKind kind);
 
-class DcpGroup;  // rank group, mailboxes and transports (DESIGN.md §4, DCP)
+class DcpGroup;  // rank group, mailboxes and transports: mla/dcp.h (DESIGN.md §4, DCP)
+
+// The phases of one DCP step, in the order the group runs them: rank k's kCore reads what every
+// rank's kQuery published, rank k's kValue what every rank's kCore wrote.
+enum class DcpPhase {
+  kQuery,  // this rank's H heads of the FP8 query into every rank's mailbox at heads [k*H, (k+1)*H);
+           // this rank's cache writes (slots of the tokens it owns)
+  kCore,   // the core over all D*H heads of this rank's mailbox and its cache shard, global causal
+           // bounds from `totals` -> this rank's partial latent (bf16) + LSE in the group's buffers
+  kValue,  // merge the D partials of this rank's heads by LSE (fp32, not rounded), W_UV, gate -> out
+};
 
 struct PrepareOptions {
   int64_t max_context = int64_t{1} << 17;  // longest sequence of the deployment; bounds the split count
   CoreKind core = CoreKind::kAuto;
-  const DcpGroup* dcp = nullptr;           // optional: null = the whole context is on this GPU
-  int parity = 0;                          // DCP mailbox double-buffer bit of this object (0 or 1)
+  const DcpGroup* dcp = nullptr;           // optional: null = the whole context is on this GPU; the
+                                           // group must outlive the object
+  int parity = 0;                          // DCP buffer parity of this object (0 or 1): consecutive
+                                           // layers alternate, so one never overwrites what a peer
+                                           // still reads of the other
   std::vector<int> queries = {1};          // the q values steps will use
 };
 
@@ -84,7 +97,9 @@ struct PreparedShape {
 class PreparedMla {
  public:
   // `pitches` maps each batch size (rows) to the row stride of its projected tensor.
-  // `query_scratch` is [max rows, H (D*H under DCP), 576] FP8 device memory owned by the caller.
+  // `query_scratch` is [max rows, H, 576] FP8 device memory owned by the caller; under DCP it must be
+  // absent (a default TensorView): the group's mailboxes [max_rows, D*H, 576] replace it, the group's
+  // H must be dims.num_heads, its max_rows at least the largest batch, its device the weights'.
   // Shapes {(b, q) : b in pitches, q in queries, b % q == 0} are planned here; bad arguments throw.
   PreparedMla(const Weights& weights, const LayerDims& dims, const std::map<int64_t, int64_t>& pitches,
               const TensorView& query_scratch, const PrepareOptions& options = {});
@@ -97,7 +112,15 @@ class PreparedMla {
 
   // Validate `step`, then only launch the PDL-chained kernels on `stream`: no allocation, no
   // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
+  // Not available under DCP yet (an Error): the whole step needs a transport whose ranks signal each
+  // other across GPUs (epoch waits); with the in-process group, use run_phase.
   void run(const StepInputs& step, cudaStream_t stream);
+
+  // DCP only: validate `step` (totals required, lengths = this rank's local lengths), then launch one
+  // phase on `stream` (launches only; graph-capturable). The caller orders the phases across ranks:
+  // with the in-process group, every rank's kQuery, then every kCore, then every kValue on one stream
+  // (each phase starts after everything before it on the stream completed; no PDL across phases).
+  void run_phase(DcpPhase phase, const StepInputs& step, cudaStream_t stream);
 
   // run() with `stage_events` recorded before the query stage and after the query, core and value
   // stages, for per-stage profiling. The events separate the kernels, so the stages lose their PDL
@@ -120,6 +143,10 @@ class PreparedMla {
   // Launches the three PDL-chained stages of prepared shape `shape_index` (launches only).
   void launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
                    const std::array<cudaEvent_t, 4>* stage_events = nullptr) const;
+  // Launches one DCP phase of prepared shape `shape_index`. `publish_to_peers` = false keeps the
+  // query in this rank's own mailbox (prepare's warm-up writes into no peer's buffers).
+  void launch_phase(DcpPhase phase, size_t shape_index, const StepInputs& step, cudaStream_t stream,
+                    bool publish_to_peers) const;
   std::unique_ptr<State> state_;
 };
 

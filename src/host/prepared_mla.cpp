@@ -9,6 +9,7 @@
 #include "common/cuda_check.h"
 #include "core/launch.h"
 #include "host/validate.h"
+#include "mla/dcp.h"
 #include "mla/mla.h"
 #include "query/launch.h"
 #include "value/launch.h"
@@ -95,8 +96,21 @@ void validate_options(const PrepareOptions& options) {
     }
     if (!seen.insert(q).second) throw_bad_argument("queries", "distinct values", std::to_string(q) + " twice");
   }
-  if (options.dcp != nullptr) {
-    throw_bad_argument("dcp", "null: DCP groups are not available in this build yet", "a DcpGroup");
+}
+
+// Under DCP the group replaces the query scratch and fixes H, the largest batch and the device.
+void validate_group(const DcpGroup& group, const LayerDims& dims, int64_t max_rows, const TensorView& query_scratch) {
+  if (group.num_heads() != dims.num_heads) {
+    throw_bad_argument("dcp", "a group of num_heads = " + std::to_string(dims.num_heads) + " heads per rank",
+                       std::to_string(group.num_heads()) + " heads per rank");
+  }
+  if (group.max_rows() < max_rows) {
+    throw_bad_argument("pitches", "batch sizes <= the DCP group's max_rows = " + std::to_string(group.max_rows()),
+                       std::to_string(max_rows));
+  }
+  if (query_scratch.present()) {
+    throw_bad_argument("query_scratch", "absent under DCP (the group's mailboxes hold the query)",
+                       query_scratch.describe());
   }
 }
 
@@ -131,11 +145,15 @@ PreparedMla::PreparedMla(const Weights& weights, const LayerDims& dims, const st
   // Everything is validated before the first CUDA call, so bad arguments fail the same way everywhere.
   validate_options(options);
   detail::validate_dims(dims);
-  const int device = query_scratch.device_index;
+  const int device = options.dcp != nullptr ? options.dcp->device_index() : query_scratch.device_index;
   detail::validate_weights(weights, dims, Memory::kDevice, device);
   state_->shapes = plan_shapes(pitches, options, dims.num_heads);
   const int64_t max_rows = pitches.rbegin()->first;
-  detail::validate_query_scratch(query_scratch, max_rows, dims.num_heads, Memory::kDevice, device);
+  if (options.dcp != nullptr) {
+    validate_group(*options.dcp, dims, max_rows, query_scratch);
+  } else {
+    detail::validate_query_scratch(query_scratch, max_rows, dims.num_heads, Memory::kDevice, device);
+  }
 
   state_->weights = weights;
   state_->dims = dims;
@@ -173,6 +191,7 @@ detail::StepContract device_contract(const LayerDims& dims, const PrepareOptions
   contract.queries = options.queries;
   contract.memory = Memory::kDevice;
   contract.device_index = device_index;
+  if (options.dcp != nullptr) contract.dcp = options.dcp->layout();  // totals required, local lengths
   contract.check_values = false;
   return contract;
 }
@@ -208,6 +227,69 @@ void require_current_device(int device_index, const char* where) {
 
 }  // namespace
 
+namespace {
+
+// The stages' arguments for one step, shared by the whole-step path and the DCP phases.
+query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const PreparedShape& shape, const StepInputs& step,
+                            void* query_out, int num_heads_out, int head_offset, void* workspace) {
+  query::QueryArgs query;
+  query.projected = step.projected.data;
+  query.pitch = shape.pitch;
+  query.q_a_norm = w.q_a_norm.data;
+  query.kv_a_norm = w.kv_a_norm.data;
+  query.q_b_proj = w.q_b_proj.data;
+  query.w_uk_t = w.w_uk_t.data;
+  query.slots = step.slots.as<const int64_t>();
+  query.rms_eps = dims.rms_eps;
+  query.q_scale = w.q_scale;
+  query.k_scale = w.k_scale;
+  query.query = query_out;
+  query.num_heads_out = num_heads_out;
+  query.head_offset = head_offset;
+  query.cache = step.cache.data;
+  query.stride_cache_page = step.cache.stride[0];
+  query.num_cache_pages = step.cache.shape[0];
+  query.workspace = workspace;
+  return query;
+}
+
+core::CoreArgs core_args(const Weights& w, const StepInputs& step, const void* query, void* latent, float* lse,
+                         void* workspace) {
+  core::CoreArgs core;
+  core.query = query;
+  core.cache = step.cache.data;
+  core.stride_cache_page = step.cache.stride[0];
+  core.block_table = step.block_table.as<const int32_t>();
+  core.stride_block_table = step.block_table.stride[0];
+  core.lengths = step.lengths.as<const int32_t>();
+  core.totals = step.totals.present() ? step.totals.as<const int32_t>() : nullptr;
+  core.num_requests = static_cast<int>(step.block_table.shape[0]);
+  core.softmax_scale = static_cast<float>(double{w.q_scale} * w.k_scale / std::sqrt(double{kQkHeadDim}));
+  core.k_scale = w.k_scale;
+  core.latent = latent;
+  core.lse = lse;
+  core.workspace = workspace;
+  return core;
+}
+
+// Everything but the latent source (a final latent, or the DCP partials).
+value::ValueParams value_params(const Weights& w, const PreparedShape& shape, const StepInputs& step, int heads) {
+  value::ValueParams value{};
+  value.w_uv = w.w_uv.as<const __nv_bfloat16>();
+  value.projected = step.projected.as<const __nv_bfloat16>();
+  value.stride_projected_row = shape.pitch;
+  value.lengths = step.lengths.as<const int32_t>();
+  value.totals = step.totals.present() ? step.totals.as<const int32_t>() : nullptr;
+  value.num_requests = static_cast<int>(step.block_table.shape[0]);
+  value.q = shape.q;
+  value.out = step.out.as<__nv_bfloat16>();
+  value.rows = static_cast<int>(shape.rows);
+  value.num_heads = heads;
+  return value;
+}
+
+}  // namespace
+
 // Everything here is a launch: no allocation, no synchronization, so a CUDA graph can capture it.
 void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
                               const std::array<cudaEvent_t, 4>* stage_events) const {
@@ -219,62 +301,85 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
   const ShapeKernels& kernels = state.kernels[shape_index];
   const Weights& w = state.weights;
   const int heads = state.dims.num_heads;
-  const int num_requests = static_cast<int>(step.block_table.shape[0]);
 
-  query::QueryArgs query;
-  query.projected = step.projected.data;
-  query.pitch = shape.pitch;
-  query.q_a_norm = w.q_a_norm.data;
-  query.kv_a_norm = w.kv_a_norm.data;
-  query.q_b_proj = w.q_b_proj.data;
-  query.w_uk_t = w.w_uk_t.data;
-  query.slots = step.slots.as<const int64_t>();
-  query.rms_eps = state.dims.rms_eps;
-  query.q_scale = w.q_scale;
-  query.k_scale = w.k_scale;
-  query.query = state.query_scratch.data;
-  query.num_heads_out = heads;
-  query.head_offset = 0;
-  query.cache = step.cache.data;
-  query.stride_cache_page = step.cache.stride[0];
-  query.num_cache_pages = step.cache.shape[0];
-  query.workspace = state.query_workspace.get();
   mark(0);
-  query::launch_query(kernels.query, query, stream, /*pdl=*/true);
+  query::launch_query(kernels.query,
+                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
+                                 state.query_workspace.get()),
+                      stream, /*pdl=*/true);
   mark(1);
 
-  core::CoreArgs core;
-  core.query = state.query_scratch.data;
-  core.cache = step.cache.data;
-  core.stride_cache_page = step.cache.stride[0];
-  core.block_table = step.block_table.as<const int32_t>();
-  core.stride_block_table = step.block_table.stride[0];
-  core.lengths = step.lengths.as<const int32_t>();
-  core.totals = step.totals.present() ? step.totals.as<const int32_t>() : nullptr;
-  core.num_requests = num_requests;
-  core.softmax_scale = static_cast<float>(double{w.q_scale} * w.k_scale / std::sqrt(double{kQkHeadDim}));
-  core.k_scale = w.k_scale;
-  core.latent = state.latent.get();
-  core.lse = static_cast<float*>(state.lse.get());
-  core.workspace = state.core_workspace.get();
-  core::launch_core(kernels.core, core, stream);
+  core::launch_core(kernels.core,
+                    core_args(w, step, state.query_scratch.data, state.latent.get(),
+                              static_cast<float*>(state.lse.get()), state.core_workspace.get()),
+                    stream);
   mark(2);
 
-  value::ValueParams value{};
+  value::ValueParams value = value_params(w, shape, step, heads);
   value.latent = static_cast<const __nv_bfloat16*>(state.latent.get());
   value.stride_latent_row = int64_t{heads} * kKvLoraRank;
-  value.w_uv = w.w_uv.as<const __nv_bfloat16>();
-  value.projected = step.projected.as<const __nv_bfloat16>();
-  value.stride_projected_row = shape.pitch;
-  value.lengths = step.lengths.as<const int32_t>();
-  value.totals = core.totals;
-  value.num_requests = num_requests;
-  value.q = shape.q;
-  value.out = step.out.as<__nv_bfloat16>();
-  value.rows = static_cast<int>(shape.rows);
-  value.num_heads = heads;
   value::launch_value(value, kernels.value, stream, /*pdl=*/true);
   mark(3);
+}
+
+// One DCP phase (launches only). NOTE: each phase's first kernel is launched without PDL, so it starts
+// after everything before it on the stream completed: in the in-process order a phase reads what
+// other ranks' phases wrote two or more launches earlier, which PDL (a wait on the previous grid only)
+// would not order by itself.
+void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInputs& step, cudaStream_t stream,
+                               bool publish_to_peers) const {
+  const State& state = *state_;
+  const DcpGroup& group = *state.options.dcp;
+  const DcpPeerTable& peers = group.peers(state.options.parity);
+  const PreparedShape& shape = state.shapes[shape_index];
+  const ShapeKernels& kernels = state.kernels[shape_index];
+  const Weights& w = state.weights;
+  const int heads = state.dims.num_heads;
+  const int rank = group.rank();
+  const int core_heads = group.core_heads();
+
+  switch (phase) {
+    case DcpPhase::kQuery: {
+      query::launch_query(kernels.query,
+                          query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads,
+                                     state.query_workspace.get()),
+                          stream, /*pdl=*/false);
+      if (!publish_to_peers) return;
+      // Publish: this rank's heads of every row into each peer's mailbox (strided rows of H*576 bytes
+      // in rows of D*H*576). cudaMemcpyDefault: peer-mapped pointers of a multi-GPU transport work too.
+      const size_t row_bytes = static_cast<size_t>(core_heads) * kKeyDim;
+      const size_t head_bytes = static_cast<size_t>(rank) * heads * kKeyDim;
+      const auto* own = static_cast<const uint8_t*>(peers.mailbox[rank]) + head_bytes;
+      for (int p = 0; p < group.size(); ++p) {
+        if (p == rank) continue;
+        MLA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(peers.mailbox[p]) + head_bytes, row_bytes, own,
+                                         row_bytes, static_cast<size_t>(heads) * kKeyDim,
+                                         static_cast<size_t>(shape.rows), cudaMemcpyDefault, stream));
+      }
+      return;
+    }
+    case DcpPhase::kCore: {
+      core::CoreArgs core = core_args(w, step, peers.mailbox[rank], peers.latent[rank], peers.lse[rank],
+                                      state.core_workspace.get());
+      core.dcp = group.layout();
+      core::launch_core(kernels.core, core, stream, /*pdl=*/false);
+      return;
+    }
+    case DcpPhase::kValue: {
+      value::ValueParams value = value_params(w, shape, step, heads);
+      value.latent = nullptr;
+      value.stride_latent_row = int64_t{core_heads} * kKvLoraRank;
+      value.stride_lse_row = core_heads;
+      value.num_partials = group.size();
+      for (int p = 0; p < group.size(); ++p) {
+        value.partial_latent[p] =
+            static_cast<const __nv_bfloat16*>(peers.latent[p]) + int64_t{rank} * heads * kKvLoraRank;
+        value.partial_lse[p] = peers.lse[p] + int64_t{rank} * heads;
+      }
+      value::launch_value(value, kernels.value, stream, /*pdl=*/false);
+      return;
+    }
+  }
 }
 
 void PreparedMla::prepare(const TensorView& cache) {
@@ -291,6 +396,8 @@ void PreparedMla::prepare(const TensorView& cache) {
   }
   require_current_device(device, "prepare");
   const int heads = state.dims.num_heads;
+  const DcpGroup* group = state.options.dcp;
+  const int core_heads = group != nullptr ? group->core_heads() : heads;  // H_core
   for (const PreparedShape& shape : state.shapes) {
     if (shape.pitch % 8 != 0) {
       throw_bad_argument("pitches[" + std::to_string(shape.rows) + "]", "a multiple of 8 (16-byte aligned rows)",
@@ -307,7 +414,7 @@ void PreparedMla::prepare(const TensorView& cache) {
     k.query = query::make_query_plan(shape.rows, heads);
     core::CoreShape core_shape;
     core_shape.rows = shape.rows;
-    core_shape.heads = heads;
+    core_shape.heads = core_heads;
     core_shape.q = shape.q;
     core_shape.max_context = state.options.max_context;
     k.core = core::plan_core(core_shape);
@@ -324,12 +431,17 @@ void PreparedMla::prepare(const TensorView& cache) {
   state.kernels = std::move(kernels);
   state.query_workspace = DeviceMemory(query_workspace);
   state.core_workspace = DeviceMemory(core_workspace);
-  state.latent = DeviceMemory(static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2);
-  state.lse = DeviceMemory(static_cast<size_t>(max_rows) * heads * sizeof(float));
+  // Under DCP the core writes into the group's buffers (the peers read them), so nothing here.
+  if (group == nullptr) {
+    state.latent = DeviceMemory(static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2);
+    state.lse = DeviceMemory(static_cast<size_t>(max_rows) * heads * sizeof(float));
+  }
   state.prepared = true;
 
   // ---- 3. Warm every shape once on an all-padding step (no request, no cache write), so module
   // loading and first-launch costs stay out of the engine's first real step and of graph capture.
+  // Under DCP the phases run on this rank's own buffers only: nothing is published to a peer (the
+  // value stage reads the peers' partials, all rows of which are padding here).
   DeviceMemory projected(static_cast<size_t>(max_rows) * max_pitch * 2);
   DeviceMemory out(static_cast<size_t>(max_rows) * heads * kVHeadDim * 2);
   DeviceMemory slots(static_cast<size_t>(max_rows) * sizeof(int64_t));
@@ -348,7 +460,14 @@ void PreparedMla::prepare(const TensorView& cache) {
     warm.block_table = make_view(metadata.get(), DType::kI32, Memory::kDevice, {0, 1}, device);
     warm.lengths = make_view(metadata.get(), DType::kI32, Memory::kDevice, {0}, device);
     warm.q = shape.q;
-    launch_step(i, warm, nullptr);
+    if (group == nullptr) {
+      launch_step(i, warm, nullptr);
+    } else {
+      warm.totals = warm.lengths;
+      for (DcpPhase phase : {DcpPhase::kQuery, DcpPhase::kCore, DcpPhase::kValue}) {
+        launch_phase(phase, i, warm, nullptr, /*publish_to_peers=*/false);
+      }
+    }
   }
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -361,13 +480,40 @@ size_t PreparedMla::checked_shape_index(const StepInputs& step, const char* call
   return static_cast<size_t>(&shape - state_->shapes.data());
 }
 
+namespace {
+
+// The whole-step path under DCP needs ranks that signal each other (epoch waits across GPUs); the
+// in-process group orders ranks by stream order between phases instead.
+void require_no_group(const PrepareOptions& options, const char* caller) {
+  if (options.dcp == nullptr) return;
+  throw_bad_argument(std::string(caller),
+                     "a PreparedMla without a DCP group (under DCP launch run_phase(kQuery), (kCore), (kValue) of "
+                     "every rank in order; a whole-step run needs a multi-GPU transport, not in this build)",
+                     std::string("a group of transport '") + options.dcp->transport() + "'");
+}
+
+}  // namespace
+
 void PreparedMla::run(const StepInputs& step, cudaStream_t stream) {
+  require_no_group(state_->options, "run");
   launch_step(checked_shape_index(step, "run"), step, stream);
 }
 
 void PreparedMla::run_profiled(const StepInputs& step, cudaStream_t stream,
                                const std::array<cudaEvent_t, 4>& stage_events) {
+  require_no_group(state_->options, "run_profiled");
   launch_step(checked_shape_index(step, "run_profiled"), step, stream, &stage_events);
+}
+
+void PreparedMla::run_phase(DcpPhase phase, const StepInputs& step, cudaStream_t stream) {
+  if (state_->options.dcp == nullptr) {
+    throw_bad_argument("run_phase", "a PreparedMla prepared with a DCP group (without one, use run())", "no group");
+  }
+  if (phase != DcpPhase::kQuery && phase != DcpPhase::kCore && phase != DcpPhase::kValue) {
+    throw_bad_argument("run_phase: phase", "DcpPhase::kQuery, kCore or kValue",
+                       std::to_string(static_cast<int>(phase)));
+  }
+  launch_phase(phase, checked_shape_index(step, "run_phase"), step, stream, /*publish_to_peers=*/true);
 }
 
 void PreparedMla::check_step(const StepInputs& step) const {
