@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call: every GPU test binary, the main job, then the benchmarks, from binaries built
-# here (BUILD_DIR, default build). Logs and results go to OUT (default ./gpu-out); a short table of
-# test results is printed last.
-#   scripts/gpu_check.sh [tests|bench|all]
+# One device call: every GPU test binary, the main job, the PyTorch binding's tests, then the
+# benchmarks, from binaries built here (BUILD_DIR, default build). Logs and results go to OUT (default
+# ./gpu-out); a short table of test results is printed last.
+#   scripts/gpu_check.sh [tests|python|bench|all]
 set -uo pipefail
 build=${BUILD_DIR:-build}
 out=${OUT:-gpu-out}
@@ -18,6 +18,16 @@ if [[ $mode == tests || $mode == all ]]; then
   done
   "$build"/mla-decode run > "$out/mla-decode-run.log" 2>&1
   summary+=("$(printf '%-26s rc=%d' mla-decode-run $?)")
+fi
+if [[ $mode == python || $mode == all ]]; then
+  # The binding needs PIC libraries and the device's torch: its own build dir (TORCH_BUILD_DIR), so the
+  # main build is untouched. Configure finds torch through python3; pytest prints every skip reason.
+  torch_build=${TORCH_BUILD_DIR:-build-torch}
+  { cmake -S . -B "$torch_build" -G Ninja -DMLA_BUILD_TORCH=ON -DMLA_BUILD_TESTS=OFF -DMLA_BUILD_BENCH=OFF \
+      && cmake --build "$torch_build" --target mla_decode_torch \
+      && MLA_DECODE_TORCH_LIBRARY="$torch_build/python/libmla_decode_torch.so" python3 -m pytest -rs -v python/tests
+  } > "$out/pytest.log" 2>&1
+  summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$out/pytest.log")")")
 fi
 if [[ $mode == bench || $mode == all ]]; then
   "$build"/bench/step_bench --csv "$out/step.csv" > "$out/step_bench.md" 2>&1
