@@ -184,6 +184,8 @@ class InProcessRanks {
   void upload(const std::vector<RankStep>& steps) {
     steps_ = steps;
     for (int k = 0; k < size_; ++k) device_steps_[k]->upload(steps_[k]);
+    // The copies and memsets run on the legacy stream; the graph test launches on a non-blocking one.
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   // Every rank's check_step (synchronizing), for the first step of a case.
