@@ -157,6 +157,8 @@ class PreparedMla:
 
     Errors (bad shapes, dtypes, strides, devices, an unknown (batch, q), ...) are RuntimeError with the
     library's message, which names the argument, what was expected and what came; nothing is written.
+    The object must outlive every CUDA graph that captured its ``run``: the graph replays launches that
+    read the object's buffers.
     """
 
     def __init__(self, attention: Any, pitches: Mapping[int, int], query_scratch: torch.Tensor, *,

@@ -51,24 +51,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return bf16(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight)
 
 
-def query_stage_values(layer, projected: torch.Tensor):
-    """Query stage of every row before quantization (§4 steps 1-3): ([ql | q_rope] [rows, H, 576],
-    [kv_normed | k_pe] [rows, 576]) in float64 on the CPU; `layer` is a mla_decode.LayerTensors."""
+def query_values(layer, projected: torch.Tensor) -> torch.Tensor:
+    """[ql | q_rope] of every row before quantization (§4 steps 1-3), [rows, H, 576] float64 on the CPU;
+    `layer` is a mla_decode.LayerTensors."""
     heads = layer.num_heads
-    p = _f64(projected[:, :projected_width(heads)])
-    q_normed = rms_norm(p[:, QA_OFFSET:KVA_OFFSET], _f64(layer.q_a_norm), layer.rms_eps)
-    kv_normed = rms_norm(p[:, KVA_OFFSET:KPE_OFFSET], _f64(layer.kv_a_norm), layer.rms_eps)
-    q = bf16(q_normed @ _f64(layer.q_b_proj).T).view(-1, heads, QK_HEAD_DIM)
+    q_a = _f64(projected[:, QA_OFFSET:KVA_OFFSET])
+    q_normed = rms_norm(q_a, _f64(layer.q_a_norm), layer.rms_eps)
+    q = bf16(q_normed @ _f64(layer.q_b_proj).T).reshape(-1, heads, QK_HEAD_DIM)
     q_latent = torch.einsum("rhd,hdc->rhc", q[:, :, :NOPE_DIM], _f64(layer.w_uk_t))
-    return (torch.cat([q_latent, q[:, :, NOPE_DIM:]], dim=-1),
-            torch.cat([kv_normed, p[:, KPE_OFFSET:GATE_OFFSET]], dim=-1))
+    return torch.cat([q_latent, q[:, :, NOPE_DIM:]], dim=-1)
+
+
+def key_values(layer, projected: torch.Tensor) -> torch.Tensor:
+    """[kv_normed | k_pe] of every row before quantization (§4 steps 1, 5), [rows, 576] float64 on the CPU."""
+    kv_normed = rms_norm(_f64(projected[:, KVA_OFFSET:KPE_OFFSET]), _f64(layer.kv_a_norm), layer.rms_eps)
+    return torch.cat([kv_normed, _f64(projected[:, KPE_OFFSET:GATE_OFFSET])], dim=-1)
+
+
+def cache_rows(layer, projected: torch.Tensor) -> torch.Tensor:
+    """The e4m3 cache row of every row's token, [rows, 576]."""
+    return e4m3(key_values(layer, projected) / layer.k_scale)
 
 
 def query_stage(layer, projected: torch.Tensor):
     """Query stage of every row (§4 steps 1-5): (query codes [rows, H, 576], cache-row codes [rows, 576]),
     e4m3 on the CPU."""
-    query, keys = query_stage_values(layer, projected)
-    return e4m3(query / layer.q_scale), e4m3(keys / layer.k_scale)
+    return e4m3(query_values(layer, projected) / layer.q_scale), cache_rows(layer, projected)
 
 
 def write_cache(cache: torch.Tensor, slots: torch.Tensor, cache_rows: torch.Tensor) -> torch.Tensor:
@@ -111,7 +119,7 @@ def attention_core(query: torch.Tensor, cache: torch.Tensor, block_table: torch.
 def value_stage(latent: torch.Tensor, w_uv: torch.Tensor, projected: torch.Tensor, zero_rows: torch.Tensor,
                 num_heads: int) -> torch.Tensor:
     """out = bf16((latent . W_UV) * sigmoid(gate)) as [rows, H*128] float64; `zero_rows` are exactly 0."""
-    gate = _f64(projected[:, GATE_OFFSET:projected_width(num_heads)]).view(-1, num_heads, V_HEAD_DIM)
+    gate = _f64(projected[:, GATE_OFFSET:projected_width(num_heads)]).reshape(-1, num_heads, V_HEAD_DIM)
     value = torch.einsum("rhc,hcd->rhd", latent, _f64(w_uv))
     out = bf16(value * torch.sigmoid(gate)).reshape(latent.shape[0], -1)
     out[zero_rows] = 0.0

@@ -66,9 +66,9 @@ class SyntheticAttention(torch.nn.Module):
         # Calibrated on sample rows so the largest FP8 magnitudes land in (224, 448].
         self.q_scale = self.k_scale = 1.0
         sample = _projected_rows(g, 64, heads, ref.projected_width(heads))
-        query, keys = ref.query_stage_values(mla_decode.read_layer(self), sample)
-        self.q_scale = _pow2_at_least(query.abs().max().item() / ref.E4M3_MAX)
-        self.k_scale = _pow2_at_least(keys.abs().max().item() / ref.E4M3_MAX)
+        layer = mla_decode.read_layer(self)
+        self.q_scale = _pow2_at_least(ref.query_values(layer, sample).abs().max().item() / ref.E4M3_MAX)
+        self.k_scale = _pow2_at_least(ref.key_values(layer, sample).abs().max().item() / ref.E4M3_MAX)
 
 
 def _projected_rows(generator, rows, heads, pitch):
@@ -109,9 +109,10 @@ class Step:
         cache = cache[:, :ref.PAGE_SIZE]  # a page stride larger than 64 * 576 when page_stride_pad > 0
         previous = [(b, j) for b, length in enumerate(lengths) for j in range(max(length - q, 0))]
         if previous:
-            _, rows = ref.query_stage(layer, _projected_rows(g, len(previous), heads, ref.projected_width(heads)))
-            for (b, j), row in zip(previous, rows.view(torch.uint8)):
-                cache[block_table[b, j // ref.PAGE_SIZE], j % ref.PAGE_SIZE] = row
+            request, position = torch.tensor(previous).T
+            rows = ref.cache_rows(layer, _projected_rows(g, len(previous), heads, ref.projected_width(heads)))
+            pages = block_table[request, position // ref.PAGE_SIZE].long()
+            cache[pages, position % ref.PAGE_SIZE] = rows.view(torch.uint8)
 
         slots = torch.full((self.rows,), -1, dtype=torch.int64)
         for b, length in enumerate(lengths):
