@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -141,6 +142,64 @@ inline std::vector<RankStep> shard_all(const synth::SyntheticStep& global, int s
   std::vector<RankStep> steps;
   for (int k = 0; k < size; ++k) steps.push_back(shard_step(global, {k, size, interleave}, heads, num_pages));
   return steps;
+}
+
+// Heads [first, first + count) of a core result.
+inline ref::CoreResult head_slice(const ref::CoreResult& all, int first, int count) {
+  ref::CoreResult slice;
+  slice.rows = all.rows;
+  slice.heads = count;
+  slice.latent.resize(all.rows * count * kKvLoraRank);
+  slice.lse.resize(all.rows * count);
+  for (int64_t r = 0; r < all.rows; ++r) {
+    for (int h = 0; h < count; ++h) {
+      const int64_t from = r * all.heads + first + h, to = r * count + h;
+      slice.lse[to] = all.lse[from];
+      std::copy_n(all.latent.begin() + from * kKvLoraRank, kKvLoraRank, slice.latent.begin() + to * kKvLoraRank);
+    }
+  }
+  return slice;
+}
+
+// What every rank's `out` must be for given query bytes and caches: the reference core over all D*H
+// heads of rank k's mailbox [rows, D*H, 576] and rank k's cache (as `ranks[k]` holds it: after the
+// step's writes), the DCP merge of each rank's heads, the bf16 latent and the value stage.
+inline std::vector<std::vector<uint16_t>> reference_from_bytes(const std::vector<RankWeights>& weights,
+                                                               std::vector<RankStep> ranks,
+                                                               const std::vector<std::vector<uint8_t>>& mailboxes,
+                                                               int interleave) {
+  const int size = static_cast<int>(ranks.size());
+  const int heads = ranks[0].heads;
+  const int64_t rows = ranks[0].rows;
+  const double softmax_scale = double{weights[0].q_scale} * weights[0].k_scale / std::sqrt(double{kQkHeadDim});
+  std::vector<ref::CoreResult> partial;
+  for (int k = 0; k < size; ++k) {
+    const StepInputs v = ranks[k].inputs();
+    ref::CoreInputs in;
+    in.query = mailboxes[k].data();
+    in.rows = rows;
+    in.heads = size * heads;
+    in.q = ranks[k].q;
+    in.cache = v.cache;
+    in.block_table = v.block_table;
+    in.lengths = v.lengths;
+    in.totals = v.totals;
+    in.softmax_scale = softmax_scale;
+    in.k_scale = weights[0].k_scale;
+    in.dcp = {k, size, interleave};
+    partial.push_back(ref::attention_core(in));
+  }
+  std::vector<std::vector<uint16_t>> out(size);
+  for (int k = 0; k < size; ++k) {
+    std::vector<ref::CoreResult> own;
+    for (const ref::CoreResult& p : partial) own.push_back(head_slice(p, k * heads, heads));
+    std::vector<bool> zero_rows(rows);
+    for (int64_t r = 0; r < rows; ++r) zero_rows[r] = ranks[k].zero_row(r);
+    out[k].resize(rows * heads * kVHeadDim);
+    ref::value_stage(ref::round_latent(ref::dcp_merge(own)), weights[k].host(), LayerDims{heads, 1e-5f},
+                     ranks[k].inputs().projected, zero_rows, out[k].data());
+  }
+  return out;
 }
 
 }  // namespace mla::test

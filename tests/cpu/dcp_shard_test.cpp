@@ -66,6 +66,50 @@ TEST(DcpShard, RankStepsThroughTheReferenceEqualOneGpu) {
   }
 }
 
+// The GPU tests' "same bytes" expectation, fed the reference's own query bytes and caches, is exactly
+// the reference layer on D ranks.
+TEST(DcpShard, ReferenceFromBytesReproducesTheLayer) {
+  constexpr int kSize = 4, kHeads = 2, kInterleave = 64;
+  const synth::SyntheticLayer layer = synth::make_layer(kSize * kHeads, 70);
+  synth::StepSpec spec;
+  spec.q = 4;
+  spec.lengths = {3, 200, 0};
+  spec.padded_requests = 4;
+  spec.seed = 71;
+  const synth::SyntheticStep global = synth::make_step(layer, spec);
+  std::vector<test::RankStep> ranks = test::shard_all(global, kSize, kInterleave, kHeads);
+  std::vector<test::RankWeights> weights;
+  for (int k = 0; k < kSize; ++k) weights.emplace_back(layer, k * kHeads, kHeads);
+
+  // Each rank's query stage on its own copy (its cache writes included), assembled into one mailbox.
+  std::vector<test::RankStep> after = ranks;
+  const int64_t rows = ranks[0].rows;
+  std::vector<uint8_t> mailbox(rows * kSize * kHeads * kKeyDim);
+  std::vector<uint8_t> own(rows * kHeads * kKeyDim);
+  for (int k = 0; k < kSize; ++k) {
+    ref::query_stage(weights[k].host(), LayerDims{kHeads, 1e-5f}, after[k].inputs(), {k, kSize, kInterleave},
+                     own.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(own.begin() + r * kHeads * kKeyDim, kHeads * kKeyDim,
+                  mailbox.begin() + (r * kSize + k) * kHeads * kKeyDim);
+    }
+  }
+  const std::vector<std::vector<uint16_t>> expected =
+      test::reference_from_bytes(weights, after, std::vector<std::vector<uint8_t>>(kSize, mailbox), kInterleave);
+
+  std::vector<Weights> views;
+  std::vector<StepInputs> steps;
+  for (int k = 0; k < kSize; ++k) {
+    views.push_back(weights[k].host());
+    steps.push_back(ranks[k].inputs());
+  }
+  ref::run_layer_dcp(views, LayerDims{kHeads, 1e-5f}, steps, kInterleave);
+  for (int k = 0; k < kSize; ++k) {
+    EXPECT_EQ(expected[k], ranks[k].out) << "rank " << k;
+    EXPECT_EQ(after[k].cache, ranks[k].cache) << "rank " << k;
+  }
+}
+
 TEST(DcpShard, OwnershipOfTokensAndSlots) {
   const synth::SyntheticLayer layer = synth::make_layer(8, 60);
   synth::StepSpec spec;

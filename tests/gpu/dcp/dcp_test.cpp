@@ -135,23 +135,6 @@ double worst_relative_error(const RankStep& step, const std::vector<uint16_t>& g
   return worst;
 }
 
-// Heads [first, first + count) of a core result.
-ref::CoreResult head_slice(const ref::CoreResult& all, int first, int count) {
-  ref::CoreResult slice;
-  slice.rows = all.rows;
-  slice.heads = count;
-  slice.latent.resize(all.rows * count * kKvLoraRank);
-  slice.lse.resize(all.rows * count);
-  for (int64_t r = 0; r < all.rows; ++r) {
-    for (int h = 0; h < count; ++h) {
-      const int64_t from = r * all.heads + first + h, to = r * count + h;
-      slice.lse[to] = all.lse[from];
-      std::copy_n(all.latent.begin() + from * kKvLoraRank, kKvLoraRank, slice.latent.begin() + to * kKvLoraRank);
-    }
-  }
-  return slice;
-}
-
 // ---- The group ------------------------------------------------------------------------------------
 
 // D ranks on one GPU: weights, device step buffers and one PreparedMla per (parity, rank).
@@ -244,35 +227,12 @@ class InProcessRanks {
     // The reference core, merge and value stage on the GPU's own mailbox bytes and caches.
     double worst_same = 0;
     if (same_bytes_check) {
-      const double softmax_scale = double{weights_[0].q_scale} * weights_[0].k_scale / std::sqrt(double{kQkHeadDim});
-      std::vector<ref::CoreResult> partial;
       std::vector<RankStep> gpu_steps = steps_;
+      for (int k = 0; k < size_; ++k) gpu_steps[k].cache = got_cache[k];
+      const std::vector<std::vector<uint16_t>> expected =
+          test::reference_from_bytes(weights_, gpu_steps, got_mailbox, interleave_);
       for (int k = 0; k < size_; ++k) {
-        gpu_steps[k].cache = got_cache[k];
-        const StepInputs v = gpu_steps[k].inputs();
-        ref::CoreInputs in;
-        in.query = got_mailbox[k].data();
-        in.rows = rows;
-        in.heads = core_heads;
-        in.q = gpu_steps[k].q;
-        in.cache = v.cache;
-        in.block_table = v.block_table;
-        in.lengths = v.lengths;
-        in.totals = v.totals;
-        in.softmax_scale = softmax_scale;
-        in.k_scale = weights_[0].k_scale;
-        in.dcp = {k, size_, interleave_};
-        partial.push_back(ref::attention_core(in));
-      }
-      for (int k = 0; k < size_; ++k) {
-        std::vector<ref::CoreResult> own;
-        for (const ref::CoreResult& p : partial) own.push_back(head_slice(p, k * heads_, heads_));
-        std::vector<bool> zero_rows(rows);
-        for (int64_t r = 0; r < rows; ++r) zero_rows[r] = steps_[k].zero_row(r);
-        std::vector<uint16_t> expected(got_out[k].size());
-        ref::value_stage(ref::round_latent(ref::dcp_merge(own)), weights_[k].host(), LayerDims{heads_, 1e-5f},
-                         gpu_steps[k].inputs().projected, zero_rows, expected.data());
-        worst_same = worse(worst_same, worst_relative_error(steps_[k], got_out[k], expected));
+        worst_same = worse(worst_same, worst_relative_error(steps_[k], got_out[k], expected[k]));
       }
       EXPECT_LE(worst_same, kOutSameBytesBound) << "same mailbox bytes and caches";
     }
