@@ -105,8 +105,7 @@ class Step:
             next_page += pages
 
         # Previous tokens: positions [0, L - q) of each request hold what the query stage would write.
-        cache = torch.full((self.num_pages, ref.PAGE_SIZE + page_stride_pad, ref.KEY_DIM), 0x7F, dtype=torch.uint8)
-        cache = cache[:, :ref.PAGE_SIZE]  # a page stride larger than 64 * 576 when page_stride_pad > 0
+        cache = torch.full((self.num_pages, ref.PAGE_SIZE, ref.KEY_DIM), 0x7F, dtype=torch.uint8)
         previous = [(b, j) for b, length in enumerate(lengths) for j in range(max(length - q, 0))]
         if previous:
             request, position = torch.tensor(previous).T
@@ -123,6 +122,7 @@ class Step:
                     slots[b * q + i] = page * ref.PAGE_SIZE + position % ref.PAGE_SIZE
 
         self.projected = _projected_rows(g, self.rows, heads, self.pitch).to(DEVICE)[:, :ref.projected_width(heads)]
+        # page_stride_pad > 0: a page stride larger than 64 * 576 (the padding rows stay NaN).
         storage = torch.full((self.num_pages, ref.PAGE_SIZE + page_stride_pad, ref.KEY_DIM), 0x7F,
                              dtype=torch.uint8, device=DEVICE)
         self.cache = storage[:, :ref.PAGE_SIZE].view(torch.float8_e4m3fn)
