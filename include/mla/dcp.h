@@ -108,7 +108,8 @@ class DcpGroup {
 
 // All D ranks on one GPU, for tests and single-GPU simulation (DESIGN.md §4, transports): owns the
 // 2*D blocks (one allocation, zeroed), hands out one DcpGroup per rank. Phases must be launched in
-// order on one stream (every rank's query, then every core, then every value stage).
+// order on one stream (every rank's query, then every core, then every value stage). Prepare every
+// rank's objects before the first step: prepare()'s warm-up writes its own rank's mailbox and partials.
 class InProcessDcp {
  public:
   // Validates (throws mla::Error) before allocating anything on `device_index`.
