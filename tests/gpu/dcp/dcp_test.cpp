@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dcp_test_util.h"
+#include "gpu_compare.h"
 #include "gpu_test_util.h"
 #include "mla/dcp.h"
 #include "mla/mla.h"
@@ -27,17 +28,9 @@ using test::RankStep;
 using test::RankWeights;
 using test::shard_all;
 
-// Relative L2 error bounds of one (row, head) slice of `out` (128 values), as in the pipeline test
-// (tests/gpu/pipeline), which the DCP path must meet too:
-// 1. Against the reference core + merge + value stage run on the GPU's own mailbox bytes and caches:
-//    the core's error (~2e-3) plus the roundings. The GPU rounds each rank's partial latent to bf16
-//    (the core's output) and merges in fp32 without rounding the merged latent; the reference merges
-//    exact partials and rounds the merged latent to bf16: both are one bf16 rounding (2^-9 relative)
-//    of a latent, so the bound of one GPU holds.
-constexpr double kOutSameBytesBound = 1e-2;
-// 2. Against the whole reference from the bf16 inputs: query bytes may differ by one e4m3 step (the
-//    query kernel's fp32 sums and bf16 rounding of [ql | q_rope]); measured up to 3.6e-2 on one GPU.
-constexpr double kOutWholeChainBound = 8e-2;
+using test::kOutSameBytesBound;
+using test::kOutWholeChainBound;
+using test::worse;
 
 struct DeviceWeights {
   DeviceBuffer<uint16_t> q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv;
@@ -94,45 +87,10 @@ struct DeviceRankStep {
 
 // ---- Comparison -----------------------------------------------------------------------------------
 
-// e4m3 codes of the same sign differ by their magnitude bits: one step = 1.
-int e4m3_steps(uint8_t a, uint8_t b) {
-  if (a == b) return 0;
-  if (((a & 0x7f) == 0) && ((b & 0x7f) == 0)) return 0;
-  if ((a ^ b) & 0x80) return ((a & 0x7f) + (b & 0x7f));
-  return std::abs(int(a & 0x7f) - int(b & 0x7f));
-}
-
-// The larger error; a NaN (an unwritten or poisoned element) wins.
-double worse(double a, double b) {
-  if (std::isnan(a)) return a;
-  if (std::isnan(b)) return b;
-  return std::max(a, b);
-}
-
 // Worst per-(row, head) relative L2 error of `got` against `expected`; zero rows must be exactly +0.
 double worst_relative_error(const RankStep& step, const std::vector<uint16_t>& got,
                             const std::vector<uint16_t>& expected) {
-  double worst = 0;
-  for (int64_t r = 0; r < step.rows; ++r) {
-    for (int h = 0; h < step.heads; ++h) {
-      double err2 = 0, ref2 = 0;
-      bool all_zero = true;
-      for (int c = 0; c < kVHeadDim; ++c) {
-        const size_t i = (r * step.heads + h) * kVHeadDim + c;
-        all_zero = all_zero && got[i] == 0;
-        const double g = synth::bf16_value(got[i]), e = synth::bf16_value(expected[i]);
-        err2 += (g - e) * (g - e);
-        ref2 += e * e;
-      }
-      if (step.zero_row(r)) {
-        EXPECT_TRUE(all_zero) << "row " << r << " head " << h << " must be exactly zero";
-        continue;
-      }
-      const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-      worst = worse(worst, rel);
-    }
-  }
-  return worst;
+  return test::worst_out_error(step.rows, step.heads, [&](int64_t r) { return step.zero_row(r); }, got, expected);
 }
 
 // ---- The group ------------------------------------------------------------------------------------
@@ -219,7 +177,7 @@ class InProcessRanks {
       int64_t cache_far = 0;
       for (size_t i = 0; i < got_cache[k].size(); ++i) {
         if (got_cache[k][i] == ref_steps[k].cache[i]) continue;
-        if (ref_steps[k].cache[i] == steps_[k].cache[i] || e4m3_steps(got_cache[k][i], ref_steps[k].cache[i]) > 1) {
+        if (ref_steps[k].cache[i] == steps_[k].cache[i] || test::e4m3_steps(got_cache[k][i], ref_steps[k].cache[i]) > 1) {
           ++cache_far;
         }
       }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpu_compare.h"
 #include "gpu_test_util.h"
 #include "mla/mla.h"
 #include "reference.h"
@@ -18,16 +19,8 @@ namespace {
 
 using test::DeviceBuffer;
 
-// Relative L2 error bounds of one (row, head) slice of `out` (128 values).
-// 1. Against the reference run on the GPU's own query bytes and cache: only the core's error (fp16
-//    P·V, fp32 softmax: ~2e-3, src/core/README.md) and the bf16 roundings of latent and out remain.
-constexpr double kOutSameBytesBound = 1e-2;
-// 2. Against the whole reference from the bf16 inputs. The query kernel may round [ql | q_rope] to
-//    bf16 before e4m3 (DESIGN.md allows it) and sums in fp32, so a few query bytes differ by one e4m3
-//    step (6-12 % of that element); the latent is a softmax average of near-orthogonal cache rows, so
-//    the shifted weights move it by a larger fraction of its (small) norm. Measured up to 3.6e-2 on
-//    the H200; a wiring bug (wrong head, scale, row) gives O(1).
-constexpr double kOutWholeChainBound = 8e-2;
+using test::kOutSameBytesBound;
+using test::kOutWholeChainBound;
 
 // The layer's weights on the device.
 struct DeviceLayer {
@@ -89,44 +82,14 @@ struct DeviceStep {
   }
 };
 
-// e4m3 codes of the same sign differ by their magnitude bits: one step = 1.
-int e4m3_steps(uint8_t a, uint8_t b) {
-  if (a == b) return 0;
-  if (((a & 0x7f) == 0) && ((b & 0x7f) == 0)) return 0;
-  if ((a ^ b) & 0x80) return ((a & 0x7f) + (b & 0x7f));  // across zero: both tiny
-  return std::abs(int(a & 0x7f) - int(b & 0x7f));
-}
-
-// Worst per-(row, head) relative L2 error of `got` against `expected` over the rows that are not
-// zero rows; zero rows must be exactly +0.
+// Worst per-(row, head) relative L2 error of `out`; rows of empty and padding requests exactly +0.
 double worst_relative_error(const synth::SyntheticStep& step, int heads, const std::vector<uint16_t>& got,
                             const std::vector<uint16_t>& expected, int64_t* worst_row) {
-  double worst = 0;
-  for (int64_t r = 0; r < step.rows; ++r) {
+  auto zero_row = [&](int64_t r) {
     const int64_t request = r / step.q;
-    const bool zero_row = request >= step.num_requests || step.lengths[request] == 0;
-    for (int h = 0; h < heads; ++h) {
-      double err2 = 0, ref2 = 0;
-      bool all_zero = true;
-      for (int c = 0; c < kVHeadDim; ++c) {
-        const size_t i = (r * heads + h) * kVHeadDim + c;
-        all_zero = all_zero && got[i] == 0;
-        const double g = synth::bf16_value(got[i]), e = synth::bf16_value(expected[i]);
-        err2 += (g - e) * (g - e);
-        ref2 += e * e;
-      }
-      if (zero_row) {
-        EXPECT_TRUE(all_zero) << "row " << r << " head " << h << " must be exactly zero";
-        continue;
-      }
-      const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-      if (!(rel <= worst)) {
-        worst = rel;
-        *worst_row = r;
-      }
-    }
-  }
-  return worst;
+    return request >= step.num_requests || step.lengths[request] == 0;
+  };
+  return test::worst_out_error(step.rows, heads, zero_row, got, expected, worst_row);
 }
 
 // Compares the GPU's results with (1) the reference core and value stage run on the GPU's own query
@@ -172,7 +135,7 @@ void expect_matches_reference(const synth::SyntheticLayer& layer, synth::Synthet
   int64_t cache_far = 0;
   for (size_t i = 0; i < got_cache.size(); ++i) {
     if (got_cache[i] == ref_step.cache[i]) continue;
-    if (ref_step.cache[i] == step_before.cache[i] || e4m3_steps(got_cache[i], ref_step.cache[i]) > 1) ++cache_far;
+    if (ref_step.cache[i] == step_before.cache[i] || test::e4m3_steps(got_cache[i], ref_step.cache[i]) > 1) ++cache_far;
   }
   EXPECT_EQ(cache_far, 0) << "cache bytes wrong or written outside this step's slots";
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gpu_compare.h"
 #include "gpu_test_util.h"
 #include "reference.h"
 #include "synthetic.h"
@@ -17,13 +18,7 @@ namespace {
 
 using test::DeviceBuffer;
 
-// Distance in bf16 steps between two finite bf16 values of the same sign, or a large number.
-int bf16_steps(uint16_t a, uint16_t b) {
-  if (a == b) return 0;
-  if ((a & 0x7fff) == 0 && (b & 0x7fff) == 0) return 0;
-  if ((a ^ b) & 0x8000) return 1 << 20;
-  return std::abs(static_cast<int>(a & 0x7fff) - static_cast<int>(b & 0x7fff));
-}
+using test::bf16_steps;
 
 struct ValueCase {
   int heads;
