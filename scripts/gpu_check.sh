@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # One device call: every GPU test binary, the main job, the PyTorch binding's tests, then the
-# benchmarks, from binaries built here (BUILD_DIR, default build). Logs and results go to OUT (default
-# ./gpu-out); a short table of test results is printed last.
+# benchmarks, from binaries built here (BUILD_DIR, default build). Results go to OUT (default
+# ./gpu-out): the logs packed into logs.tgz (the device tool returns at most 8 files), the step
+# benchmark's table, CSV and plot beside it; a short table of test results is printed last.
 #   scripts/gpu_check.sh [tests|python|bench|all]
 set -uo pipefail
 build=${BUILD_DIR:-build}
 out=${OUT:-gpu-out}
 mode=${1:-all}
-mkdir -p "$out"
+logs="$out/logs"
+mkdir -p "$logs"
 summary=()
 if [[ $mode == tests || $mode == all ]]; then
   for t in "$build"/tests/mla_gpu_*_tests "$build"/tests/mla_tests; do
     name=$(basename "$t")
-    "$t" --gtest_brief=1 > "$out/$name.log" 2>&1
+    "$t" --gtest_brief=1 > "$logs/$name.log" 2>&1
     rc=$?
-    summary+=("$(printf '%-26s rc=%d  %s' "$name" $rc "$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$name.log" | tr '\n' ' ')")")
+    summary+=("$(printf '%-26s rc=%d  %s' "$name" $rc "$(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/$name.log" | tr '\n' ' ')")")
   done
-  "$build"/mla-decode run > "$out/mla-decode-run.log" 2>&1
+  "$build"/mla-decode run > "$logs/mla-decode-run.log" 2>&1
   summary+=("$(printf '%-26s rc=%d' mla-decode-run $?)")
 fi
 if [[ $mode == python || $mode == all ]]; then
@@ -26,13 +28,14 @@ if [[ $mode == python || $mode == all ]]; then
   { cmake -S . -B "$torch_build" -G Ninja -DMLA_BUILD_TORCH=ON -DMLA_BUILD_TESTS=OFF -DMLA_BUILD_BENCH=OFF \
       && cmake --build "$torch_build" --target mla_decode_torch \
       && MLA_DECODE_TORCH_LIBRARY="$torch_build/python/libmla_decode_torch.so" python3 -m pytest -rs -v python/tests
-  } > "$out/pytest.log" 2>&1
-  summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$out/pytest.log")")")
+  } > "$logs/pytest.log" 2>&1
+  summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$logs/pytest.log")")")
 fi
 if [[ $mode == bench || $mode == all ]]; then
   "$build"/bench/step_bench --csv "$out/step.csv" > "$out/step_bench.md" 2>&1
   summary+=("$(printf '%-26s rc=%d' step_bench $?)")
-  python3 bench/plot_step.py "$out/step.csv" "$out/step.png" > "$out/plot.log" 2>&1
+  python3 bench/plot_step.py "$out/step.csv" "$out/step.png" > "$logs/plot.log" 2>&1
 fi
-tail -n 12 "$out/mla-decode-run.log" 2>/dev/null
+tail -n 12 "$logs/mla-decode-run.log" 2>/dev/null
+tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
 printf '%s\n' "${summary[@]}"
