@@ -5,6 +5,7 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--stages 0|2|3|4 ...]
+// The last shapes are varlen batches: lengths spread +-50 % around the mean context.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,10 +35,22 @@ __global__ void fill_fp8(uint8_t* data, int64_t bytes, uint64_t seed) {
 
 struct Shape {
   int batch;
-  int context;
+  int context;        // mean tokens per request
   int heads;
   int q;
+  double spread = 0;  // varlen: lengths uniform in context * [1 - spread, 1 + spread] (0 = all equal)
 };
+
+// Request b's length: the mean, or for varlen batches a hashed draw around it (the same every run).
+int request_length(const Shape& s, int b) {
+  if (s.spread == 0) return s.context;
+  uint64_t h = (static_cast<uint64_t>(b) + 1) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  const double u = static_cast<double>(h >> 11) / static_cast<double>(uint64_t{1} << 53);
+  return std::max(1, static_cast<int>(s.context * (1.0 - s.spread + 2.0 * s.spread * u)));
+}
 
 struct Result {
   double us, gbs, pct, tflops;
@@ -46,7 +59,8 @@ struct Result {
 
 Result bench_shape(const Shape& s, int stages, double copy_gbs) {
   const int64_t rows = int64_t{s.batch} * s.q;
-  const int pages_per_request = (s.context + mla::kPageSize - 1) / mla::kPageSize;
+  const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
+  const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
   const int64_t pages_per_set = int64_t{s.batch} * pages_per_request;
   const int64_t page_bytes = int64_t{mla::kPageSize} * mla::kKeyDim;
   const int64_t set_bytes = pages_per_set * page_bytes;
@@ -70,14 +84,16 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
   std::vector<int32_t> table(num_pages);
   for (int64_t i = 0; i < num_pages; ++i) table[i] = static_cast<int32_t>((i * 7919) % num_pages);
   MLA_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  std::vector<int32_t> len(s.batch, s.context);
+  std::vector<int32_t> len(s.batch);
+  double total_tokens = 0;
+  for (int b = 0; b < s.batch; ++b) total_tokens += len[b] = request_length(s, b);
   MLA_CUDA_CHECK(cudaMemcpy(lengths, len.data(), len.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   mla::core::CoreShape shape;
   shape.rows = rows;
   shape.heads = s.heads;
   shape.q = s.q;
-  shape.max_context = s.context;
+  shape.max_context = max_length;
   shape.stages = stages;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
@@ -100,8 +116,8 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
     args.workspace = workspace;
     mla::core::launch_core(plan, args, stream);
   }, /*launches=*/20, /*replays=*/10);
-  const double kv_bytes = double(s.batch) * s.context * mla::kKeyDim;
-  const double flops = 2.0 * (mla::kKeyDim + mla::kKvLoraRank) * double(s.batch) * s.q * s.heads * s.context;
+  const double kv_bytes = total_tokens * mla::kKeyDim;
+  const double flops = 2.0 * (mla::kKeyDim + mla::kKvLoraRank) * total_tokens * s.q * s.heads;
   Result r;
   r.us = us;
   r.gbs = kv_bytes / (us * 1e-6) / 1e9;
@@ -144,7 +160,9 @@ int main(int argc, char** argv) {
     const double copy_gbs = mla::timing::measure_copy_gbs(nullptr);
     const std::vector<Shape> shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
                                        {64, 8192, 16, 4},  {1, 131072, 16, 1}, {1, 1 << 20, 12, 1},
-                                       {32, 32768, 12, 1}, {16, 65536, 96, 4}};
+                                       {32, 32768, 12, 1}, {16, 65536, 96, 4},
+                                       // varlen batches: lengths spread +-50 % around the mean
+                                       {128, 4096, 16, 1, 0.5}, {64, 8192, 16, 4, 0.5}, {32, 32768, 12, 1, 0.5}};
     std::string table;
     char line[512];
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
@@ -155,8 +173,9 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) {
       for (int stages : stage_list) {
         const Result r = bench_shape(s, stages, copy_gbs);
-        std::snprintf(line, sizeof line, "| %d x %dk x %d x %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n", s.batch,
-                      s.context / 1024, s.heads, s.q, r.stages, r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
+        std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
+                      s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, r.stages,
+                      r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
         table += line;
         std::fputs(line, stdout);
         std::fflush(stdout);
