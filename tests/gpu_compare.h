@@ -46,6 +46,18 @@ inline int bf16_steps(uint16_t a, uint16_t b) {
   return std::abs(static_cast<int>(a & 0x7fff) - static_cast<int>(b & 0x7fff));
 }
 
+// RMS of each 128-value (row, head) slice of a bf16 [rows, heads, 128] tensor: the scale of the fp32
+// rounding allowance where a dot product cancels to near zero.
+inline std::vector<double> slice_rms(const std::vector<uint16_t>& values) {
+  std::vector<double> rms(values.size() / kVHeadDim, 0.0);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = synth::bf16_value(values[i]);
+    rms[i / kVHeadDim] += v * v / kVHeadDim;
+  }
+  for (double& r : rms) r = std::sqrt(r);
+  return rms;
+}
+
 // The larger error; a NaN (an unwritten or poisoned element) wins.
 inline double worse(double a, double b) {
   if (std::isnan(a)) return a;

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "mla/mla.h"
 
 namespace mla::test {
 
@@ -54,6 +56,24 @@ class DeviceBuffer {
  private:
   T* ptr_ = nullptr;
   size_t count_ = 0;
+};
+
+// Device copies of a layer's weights, given as host views (SyntheticLayer::weights(), a rank's slice):
+// `weights` has the same shapes and scales, on the device.
+struct DeviceWeights {
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> buffers;
+  Weights weights;
+
+  explicit DeviceWeights(const Weights& host) : weights(host) {
+    for (TensorView* view : {&weights.q_a_norm, &weights.kv_a_norm, &weights.q_b_proj, &weights.w_uk_t, &weights.w_uv}) {
+      buffers.push_back(std::make_unique<DeviceBuffer<uint16_t>>(static_cast<size_t>(view->numel())));
+      MLA_CUDA_CHECK(cudaMemcpy(buffers.back()->get(), view->data, view->numel() * sizeof(uint16_t),
+                                cudaMemcpyHostToDevice));
+      view->data = buffers.back()->get();
+      view->memory = Memory::kDevice;
+      view->device_index = 0;
+    }
+  }
 };
 
 }  // namespace mla::test

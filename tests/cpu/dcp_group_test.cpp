@@ -9,19 +9,13 @@
 #include <vector>
 
 #include "mla/dcp.h"
+#include "cpu/error_of.h"
 #include "mla/mla.h"
 
 namespace mla {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 #define EXPECT_ERROR_HAS(call, text)                                  \
   do {                                                                \

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/error_of.h"
 #include "mla/mla.h"
 
 namespace mla {
@@ -32,14 +33,7 @@ struct FakeDeviceLayer {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 const LayerDims kDims{kHeads, 1e-5f};
 const int64_t kWidth = projected_width(kHeads);

@@ -32,21 +32,6 @@ using test::kOutSameBytesBound;
 using test::kOutWholeChainBound;
 using test::worse;
 
-struct DeviceWeights {
-  DeviceBuffer<uint16_t> q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv;
-  Weights weights;
-  explicit DeviceWeights(const RankWeights& w)
-      : q_a_norm(w.q_a_norm.size()), kv_a_norm(w.kv_a_norm.size()), q_b_proj(w.q_b_proj.size()),
-        w_uk_t(w.w_uk_t.size()), w_uv(w.w_uv.size()) {
-    q_a_norm.upload(w.q_a_norm);
-    kv_a_norm.upload(w.kv_a_norm);
-    q_b_proj.upload(w.q_b_proj);
-    w_uk_t.upload(w.w_uk_t);
-    w_uv.upload(w.w_uv);
-    weights = w.views(q_a_norm.get(), kv_a_norm.get(), q_b_proj.get(), w_uk_t.get(), w_uv.get(), Memory::kDevice);
-  }
-};
-
 // A rank step's tensors on the device; later steps must have the same sizes.
 struct DeviceRankStep {
   DeviceBuffer<uint16_t> projected, out;
@@ -109,7 +94,7 @@ class InProcessRanks {
         group_(size, interleave, heads, first_steps[0].rows) {
     for (int k = 0; k < size; ++k) {
       weights_.emplace_back(layer, k * heads, heads);
-      device_weights_.push_back(std::make_unique<DeviceWeights>(weights_[k]));
+      device_weights_.push_back(std::make_unique<test::DeviceWeights>(weights_[k].host()));
       device_steps_.push_back(std::make_unique<DeviceRankStep>(steps_[k]));
     }
     const RankStep& s = steps_[0];
@@ -220,7 +205,7 @@ class InProcessRanks {
   std::vector<RankStep> steps_;
   InProcessDcp group_;
   std::vector<RankWeights> weights_;
-  std::vector<std::unique_ptr<DeviceWeights>> device_weights_;
+  std::vector<std::unique_ptr<test::DeviceWeights>> device_weights_;
   std::vector<std::unique_ptr<DeviceRankStep>> device_steps_;
   std::vector<std::unique_ptr<PreparedMla>> objects_;  // [parity * D + k]
   std::pair<double, double> last_errors_{0, 0};

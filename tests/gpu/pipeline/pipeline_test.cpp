@@ -22,29 +22,6 @@ using test::DeviceBuffer;
 using test::kOutSameBytesBound;
 using test::kOutWholeChainBound;
 
-// The layer's weights on the device.
-struct DeviceLayer {
-  DeviceBuffer<uint16_t> q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv;
-  Weights weights;
-  explicit DeviceLayer(const synth::SyntheticLayer& layer)
-      : q_a_norm(layer.q_a_norm.size()), kv_a_norm(layer.kv_a_norm.size()), q_b_proj(layer.q_b_proj.size()),
-        w_uk_t(layer.w_uk_t.size()), w_uv(layer.w_uv.size()) {
-    q_a_norm.upload(layer.q_a_norm);
-    kv_a_norm.upload(layer.kv_a_norm);
-    q_b_proj.upload(layer.q_b_proj);
-    w_uk_t.upload(layer.w_uk_t);
-    w_uv.upload(layer.w_uv);
-    const int64_t h = layer.num_heads;
-    weights.q_a_norm = make_view(q_a_norm.get(), DType::kBF16, Memory::kDevice, {kQLoraRank});
-    weights.kv_a_norm = make_view(kv_a_norm.get(), DType::kBF16, Memory::kDevice, {kKvLoraRank});
-    weights.q_b_proj = make_view(q_b_proj.get(), DType::kBF16, Memory::kDevice, {h * kQkHeadDim, kQLoraRank});
-    weights.w_uk_t = make_view(w_uk_t.get(), DType::kBF16, Memory::kDevice, {h, kNopeDim, kKvLoraRank});
-    weights.w_uv = make_view(w_uv.get(), DType::kBF16, Memory::kDevice, {h, kKvLoraRank, kVHeadDim});
-    weights.q_scale = layer.q_scale;
-    weights.k_scale = layer.k_scale;
-  }
-};
-
 // One step's tensors on the device, with room for the metadata of later steps of the same shape.
 struct DeviceStep {
   DeviceBuffer<uint16_t> projected, out;
@@ -166,7 +143,7 @@ void run_case(const PipelineCase& c, uint64_t seed) {
   synth::SyntheticStep step = synth::make_step(layer, spec);
   const synth::SyntheticStep before = step;
 
-  DeviceLayer device_layer(layer);
+  const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
   DeviceBuffer<uint8_t> scratch(step.rows * c.heads * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
@@ -217,7 +194,7 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
     return synth::make_step(layer, spec);
   };
   synth::SyntheticStep step = make(701);
-  DeviceLayer device_layer(layer);
+  const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
   DeviceBuffer<uint8_t> scratch(step.rows * heads * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
@@ -257,7 +234,7 @@ TEST(Pipeline, BadStepIsRejectedBeforeAnyLaunch) {
   MLA_REQUIRE_GPU();
   const synth::SyntheticLayer layer = synth::make_layer(8, 800);
   synth::SyntheticStep step = synth::make_step(layer, 2, 1, {100});
-  DeviceLayer device_layer(layer);
+  const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
   DeviceBuffer<uint8_t> scratch(step.rows * 8 * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},

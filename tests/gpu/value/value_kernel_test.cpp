@@ -82,13 +82,7 @@ void run_case(const ValueCase& c, uint64_t seed) {
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 
   const std::vector<uint16_t> got = d_out.download();
-  // RMS of each (row, head) slice of the reference: the scale of the fp32 rounding allowance.
-  std::vector<double> slice_rms(rows * c.heads, 0.0);
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double e = synth::bf16_value(expected[i]);
-    slice_rms[i / kVHeadDim] += e * e / kVHeadDim;
-  }
-  for (double& rms : slice_rms) rms = std::sqrt(rms);
+  const std::vector<double> slice_rms = test::slice_rms(expected);  // scale of the fp32 rounding allowance
   int64_t mismatches = 0, off_by_one = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const int64_t row = static_cast<int64_t>(i) / (c.heads * kVHeadDim);
