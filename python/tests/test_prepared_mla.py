@@ -285,7 +285,9 @@ def test_torch_compile_keeps_the_op_opaque():
     torch.cuda.synchronize()
     assert torch.equal(eager_step.out, compiled_step.out)
     assert torch.equal(eager_step.cache.view(torch.uint8), compiled_step.cache.view(torch.uint8))
-    assert eager.item() == compiled.item()
+    # out and the cache are bit-identical above; the sum itself is reduced by an inductor kernel in a
+    # different order than eager torch.sum, so only it may differ, by float rounding.
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
 
 
 def _expect_rejected(call, match, step):
