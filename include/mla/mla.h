@@ -112,17 +112,22 @@ class PreparedMla {
 
   // Validate `step`, then only launch the PDL-chained kernels on `stream`: no allocation, no
   // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
-  // Not available under DCP yet (an Error): the whole step needs a transport whose ranks signal each
-  // other across GPUs (epoch waits); with the in-process group, use run_phase.
+  // Under a signalling DCP group (IpcDcp; DcpGroup::stream_ordered() false): the rank's whole step,
+  // query (+ publish) -> signal, wait for every rank's query -> core -> signal, wait for every
+  // partial -> value, on `stream`; each wait traps after the group's timeout rather than hang. The
+  // epoch lives in device memory, so graph replays count steps. Every rank runs the same steps in
+  // the same order (layer by layer, alternating parity). Under the in-process group: an Error (use
+  // run_phase).
   void run(const StepInputs& step, cudaStream_t stream);
 
-  // DCP only: validate `step` (totals required, lengths = this rank's local lengths), then launch one
+  // Stream-ordered DCP groups only (InProcessDcp; a signalling group is an Error: use run()):
+  // validate `step` (totals required, lengths = this rank's local lengths), then launch one
   // phase on `stream` (launches only; graph-capturable). The caller orders the phases across ranks:
   // with the in-process group, every rank's kQuery, then every kCore, then every kValue on one stream
   // (each phase starts after everything before it on the stream completed; no PDL across phases).
   void run_phase(DcpPhase phase, const StepInputs& step, cudaStream_t stream);
 
-  // run() with `stage_events` recorded before the query stage and after the query, core and value
+  // Without DCP only: run() with `stage_events` recorded before the query stage and after the query, core and value
   // stages, for per-stage profiling. The events separate the kernels, so the stages lose their PDL
   // overlap: the four intervals sum to more than a plain run() takes.
   void run_profiled(const StepInputs& step, cudaStream_t stream, const std::array<cudaEvent_t, 4>& stage_events);

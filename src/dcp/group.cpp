@@ -4,12 +4,11 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "dcp/internal.h"
 #include "mla/dcp.h"
 
 namespace mla {
-namespace {
-
-size_t align_up(size_t bytes) { return (bytes + kDcpAlignment - 1) / kDcpAlignment * kDcpAlignment; }
+namespace dcp {
 
 void validate_sizes(int size, int interleave, int num_heads, int64_t max_rows) {
   if (size < 2 || size > kMaxDcpRanks) {
@@ -23,6 +22,14 @@ void validate_sizes(int size, int interleave, int num_heads, int64_t max_rows) {
   }
   if (max_rows < 1) throw_bad_argument("dcp max_rows", ">= 1", std::to_string(max_rows));
 }
+
+}  // namespace dcp
+
+namespace {
+
+using dcp::validate_sizes;
+
+size_t align_up(size_t bytes) { return (bytes + kDcpAlignment - 1) / kDcpAlignment * kDcpAlignment; }
 
 std::string pointer_name(const char* buffer, int parity, int peer) {
   return std::string("dcp peers(") + std::to_string(parity) + ")." + buffer + "[" + std::to_string(peer) + "]";
@@ -71,7 +78,8 @@ DcpBufferLayout dcp_buffer_layout(int size, int num_heads, int64_t max_rows) {
   layout.latent_offset = align_up(layout.mailbox_offset + layout.mailbox_bytes);
   layout.lse_offset = align_up(layout.latent_offset + layout.latent_bytes);
   layout.signal_offset = align_up(layout.lse_offset + layout.lse_bytes);
-  layout.block_bytes = align_up(layout.signal_offset + layout.signal_bytes);
+  layout.epoch_offset = layout.signal_offset + layout.signal_bytes;
+  layout.block_bytes = align_up(layout.epoch_offset + sizeof(uint32_t));
   return layout;
 }
 

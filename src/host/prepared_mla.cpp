@@ -8,6 +8,7 @@
 
 #include "common/cuda_check.h"
 #include "core/launch.h"
+#include "dcp/signal.h"
 #include "host/validate.h"
 #include "mla/dcp.h"
 #include "mla/mla.h"
@@ -482,21 +483,54 @@ size_t PreparedMla::checked_shape_index(const StepInputs& step, const char* call
 
 namespace {
 
-// The whole-step path under DCP needs ranks that signal each other (epoch waits across GPUs); the
-// in-process group orders ranks by stream order between phases instead.
+// run_profiled's stage events would separate the stages of a DCP step from their signals; it stays
+// a one-GPU tool.
 void require_no_group(const PrepareOptions& options, const char* caller) {
   if (options.dcp == nullptr) return;
-  throw_bad_argument(std::string(caller),
-                     "a PreparedMla without a DCP group (under DCP launch run_phase(kQuery), (kCore), (kValue) of "
-                     "every rank in order; a whole-step run needs a multi-GPU transport, not in this build)",
+  throw_bad_argument(std::string(caller), "a PreparedMla without a DCP group (profile DCP phases with run_phase "
+                                          "on an in-process group)",
                      std::string("a group of transport '") + options.dcp->transport() + "'");
+}
+
+// The signal-and-wait between two stages (dcp.h, DcpPeerTable): this rank writes its epoch into
+// signal word `slot` of every rank's block, then waits for words [first, first + D) of its own.
+dcp::SignalArgs signal_args(const DcpGroup& group, int parity, bool advance, int slot, int first) {
+  const DcpPeerTable& peers = group.peers(parity);
+  dcp::SignalArgs args;
+  args.epoch = group.epoch(parity);
+  args.advance = advance;
+  for (int p = 0; p < group.size(); ++p) args.targets[p] = peers.signals[p] + slot;
+  args.wait = peers.signals[group.rank()] + first;
+  args.size = group.size();
+  args.rank = group.rank();
+  args.timeout_ns = group.wait_timeout_ns();
+  return args;
 }
 
 }  // namespace
 
+// Under a signalling group: query (+ publish) -> signal / wait for every query -> core -> signal /
+// wait for every partial -> value, all on `stream`. The epoch advances on the device, so a captured
+// graph replays correctly. The in-process group has no signals: its ranks' phases are ordered by
+// the caller (run_phase).
 void PreparedMla::run(const StepInputs& step, cudaStream_t stream) {
-  require_no_group(state_->options, "run");
-  launch_step(checked_shape_index(step, "run"), step, stream);
+  const DcpGroup* group = state_->options.dcp;
+  if (group == nullptr) {
+    launch_step(checked_shape_index(step, "run"), step, stream);
+    return;
+  }
+  if (group->stream_ordered()) {
+    throw_bad_argument("run", "a group whose ranks signal each other (under a stream-ordered group launch "
+                              "run_phase(kQuery), (kCore), (kValue) of every rank in order)",
+                       std::string("a group of transport '") + group->transport() + "'");
+  }
+  const size_t index = checked_shape_index(step, "run");
+  const int parity = state_->options.parity, size = group->size(), rank = group->rank();
+  launch_phase(DcpPhase::kQuery, index, step, stream, /*publish_to_peers=*/true);
+  dcp::launch_signal_wait(signal_args(*group, parity, /*advance=*/true, /*slot=*/rank, /*first=*/0), stream);
+  launch_phase(DcpPhase::kCore, index, step, stream, /*publish_to_peers=*/true);
+  dcp::launch_signal_wait(signal_args(*group, parity, /*advance=*/false, /*slot=*/size + rank, /*first=*/size), stream);
+  launch_phase(DcpPhase::kValue, index, step, stream, /*publish_to_peers=*/true);
 }
 
 void PreparedMla::run_profiled(const StepInputs& step, cudaStream_t stream,
@@ -506,8 +540,13 @@ void PreparedMla::run_profiled(const StepInputs& step, cudaStream_t stream,
 }
 
 void PreparedMla::run_phase(DcpPhase phase, const StepInputs& step, cudaStream_t stream) {
-  if (state_->options.dcp == nullptr) {
+  const DcpGroup* group = state_->options.dcp;
+  if (group == nullptr) {
     throw_bad_argument("run_phase", "a PreparedMla prepared with a DCP group (without one, use run())", "no group");
+  }
+  if (!group->stream_ordered()) {
+    throw_bad_argument("run_phase", "a stream-ordered DCP group (this one signals between stages: use run())",
+                       std::string("a group of transport '") + group->transport() + "'");
   }
   if (phase != DcpPhase::kQuery && phase != DcpPhase::kCore && phase != DcpPhase::kValue) {
     throw_bad_argument("run_phase: phase", "DcpPhase::kQuery, kCore or kValue",

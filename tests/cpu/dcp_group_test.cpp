@@ -27,10 +27,13 @@ using test::error_of;
 class FakeGroup final : public DcpGroup {
  public:
   FakeGroup(const DcpLayout& layout, int num_heads, int64_t max_rows, int device_index,
-            const std::array<DcpPeerTable, 2>& peers)
-      : DcpGroup(layout, num_heads, max_rows, device_index, peers) {}
-  bool stream_ordered() const override { return false; }
-  const char* transport() const override { return "fake"; }
+            const std::array<DcpPeerTable, 2>& peers, bool stream_ordered = false)
+      : DcpGroup(layout, num_heads, max_rows, device_index, peers), stream_ordered_(stream_ordered) {}
+  bool stream_ordered() const override { return stream_ordered_; }
+  const char* transport() const override { return stream_ordered_ ? "fake-ordered" : "fake"; }
+
+ private:
+  bool stream_ordered_;
 };
 
 // A fake base address: only arithmetic is done on it.
@@ -44,6 +47,7 @@ TEST(DcpLayout, BuffersFollowEachOtherAligned) {
   EXPECT_EQ(l.latent_bytes, entries * 512 * 2);
   EXPECT_EQ(l.lse_bytes, entries * 4);
   EXPECT_EQ(l.signal_bytes, 2u * 4 * 4);
+  EXPECT_EQ(l.epoch_offset, l.signal_offset + l.signal_bytes);  // the rank's own word after the signals
   for (size_t offset : {l.latent_offset, l.lse_offset, l.signal_offset, l.block_bytes}) {
     EXPECT_EQ(offset % kDcpAlignment, 0u) << offset;
   }
@@ -53,8 +57,8 @@ TEST(DcpLayout, BuffersFollowEachOtherAligned) {
   EXPECT_GE(l.lse_offset, l.latent_offset + l.latent_bytes);
   EXPECT_LT(l.lse_offset, l.latent_offset + l.latent_bytes + kDcpAlignment);
   EXPECT_GE(l.signal_offset, l.lse_offset + l.lse_bytes);
-  EXPECT_GE(l.block_bytes, l.signal_offset + l.signal_bytes);
-  EXPECT_LT(l.block_bytes, l.signal_offset + l.signal_bytes + kDcpAlignment);
+  EXPECT_GE(l.block_bytes, l.epoch_offset + 4);
+  EXPECT_LT(l.block_bytes, l.epoch_offset + 4 + kDcpAlignment);
 }
 
 TEST(DcpLayout, RejectsBadSizes) {
@@ -105,6 +109,10 @@ TEST(DcpGroup, ValidatesLayoutAndPeerTables) {
   EXPECT_EQ(group.core_heads(), 24);
   EXPECT_EQ(group.buffers().block_bytes, l.block_bytes);
   EXPECT_EQ(group.peers(1).latent[0], good[1].latent[0]);
+  // The epoch word: in the rank's own block of that parity, right after its 2*D signal words.
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(group.epoch(1)),
+            reinterpret_cast<uint8_t*>(good[1].signals[1]) + (l.epoch_offset - l.signal_offset));
+  EXPECT_EQ(group.wait_timeout_ns(), 0);
   EXPECT_ERROR_HAS(group.peers(2), "dcp parity: expected 0 or 1, got 2");
 
   EXPECT_ERROR_HAS(FakeGroup({2, 2, 1}, 12, 8, 0, good), "dcp rank: expected in [0, 2), got 2");
@@ -142,9 +150,9 @@ struct FakeDeviceWeights {
   }
 };
 
-FakeGroup make_group(int rank, int size, int heads, int64_t max_rows, int device = 0) {
+FakeGroup make_group(int rank, int size, int heads, int64_t max_rows, int device = 0, bool stream_ordered = false) {
   return FakeGroup({rank, size, 64}, heads, max_rows, device,
-                   InProcessDcp::peer_tables(fake_base(), dcp_buffer_layout(size, heads, max_rows)));
+                   InProcessDcp::peer_tables(fake_base(), dcp_buffer_layout(size, heads, max_rows)), stream_ordered);
 }
 
 TEST(PreparedMlaDcp, ConstructsWithAGroupInsteadOfQueryScratch) {
@@ -193,13 +201,14 @@ struct FakeDeviceStep {
   }
 };
 
-TEST(PreparedMlaDcp, PhasesValidateAndRunNeedsAMultiGpuTransport) {
+TEST(PreparedMlaDcp, StreamOrderedGroupsRunPhasesOnly) {
   FakeDeviceWeights layer;
-  const FakeGroup group = make_group(0, 2, kHeads, 16);
+  const FakeGroup group = make_group(0, 2, kHeads, 16, 0, /*stream_ordered=*/true);
   PreparedMla mla(layer.weights, kDims, {{4, kWidth}}, TensorView{}, {.dcp = &group});
   FakeDeviceStep fake;
-  EXPECT_ERROR_HAS(mla.run(fake.step, nullptr), "run: expected a PreparedMla without a DCP group");
-  EXPECT_ERROR_HAS(mla.run(fake.step, nullptr), "got a group of transport 'fake'");
+  EXPECT_ERROR_HAS(mla.run(fake.step, nullptr), "run: expected a group whose ranks signal each other");
+  EXPECT_ERROR_HAS(mla.run(fake.step, nullptr), "got a group of transport 'fake-ordered'");
+  EXPECT_ERROR_HAS(mla.run_profiled(fake.step, nullptr, {}), "run_profiled: expected a PreparedMla without a DCP group");
   EXPECT_ERROR_HAS(mla.run_phase(static_cast<DcpPhase>(7), fake.step, nullptr), "run_phase: phase");
   StepInputs no_totals = fake.step;
   no_totals.totals = TensorView{};
@@ -209,6 +218,20 @@ TEST(PreparedMlaDcp, PhasesValidateAndRunNeedsAMultiGpuTransport) {
   EXPECT_ERROR_HAS(mla.run_phase(DcpPhase::kQuery, wrong_q, nullptr), "(4, 2)");
   // A valid step gets as far as the missing prepare().
   EXPECT_ERROR_HAS(mla.run_phase(DcpPhase::kValue, fake.step, nullptr), "prepare(cache) has not been called");
+}
+
+TEST(PreparedMlaDcp, SignallingGroupsRunWholeStepsOnly) {
+  FakeDeviceWeights layer;
+  const FakeGroup group = make_group(1, 2, kHeads, 16);
+  PreparedMla mla(layer.weights, kDims, {{4, kWidth}}, TensorView{}, {.dcp = &group});
+  FakeDeviceStep fake;
+  EXPECT_ERROR_HAS(mla.run_phase(DcpPhase::kQuery, fake.step, nullptr),
+                   "run_phase: expected a stream-ordered DCP group (this one signals between stages: use run()), "
+                   "got a group of transport 'fake'");
+  StepInputs no_totals = fake.step;
+  no_totals.totals = TensorView{};
+  EXPECT_ERROR_HAS(mla.run(no_totals, nullptr), "totals: expected a tensor");
+  EXPECT_ERROR_HAS(mla.run(fake.step, nullptr), "run: prepare(cache) has not been called");
 }
 
 TEST(PreparedMlaDcp, PhasesNeedAGroup) {

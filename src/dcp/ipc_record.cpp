@@ -1,0 +1,98 @@
+// Packing and checking the records a CUDA-IPC group all-gathers (dcp/internal.h).
+#include <cstring>
+#include <string>
+
+#include "dcp/internal.h"
+#include "mla/error.h"
+
+namespace mla::dcp {
+namespace {
+
+// Appends / reads the fields in one fixed order; both sides of pack / unpack go through these.
+template <class T>
+void put(std::vector<uint8_t>& out, const T& value) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &value, sizeof(T));
+}
+template <class T>
+void get(const uint8_t*& in, T& value) {
+  std::memcpy(&value, in, sizeof(T));
+  in += sizeof(T);
+}
+
+std::string peer_name(int from) { return "dcp peer " + std::to_string(from); }
+
+template <class T>
+void check_equal(const char* field, T mine, T peer, int from) {
+  if (mine == peer) return;
+  throw_bad_argument(peer_name(from) + ": " + field, std::to_string(mine) + " (this rank's)", std::to_string(peer));
+}
+
+}  // namespace
+
+std::vector<uint8_t> pack(const IpcRankRecord& r) {
+  std::vector<uint8_t> out;
+  put(out, kIpcRecordMagic);
+  put(out, kIpcRecordVersion);
+  put(out, r.rank);
+  put(out, r.size);
+  put(out, r.interleave);
+  put(out, r.num_heads);
+  put(out, r.max_rows);
+  put(out, r.block_bytes);
+  put(out, r.process_id);
+  put(out, r.device_uuid);
+  put(out, r.handle);
+  return out;
+}
+
+size_t packed_record_bytes() { return pack(IpcRankRecord{}).size(); }
+
+IpcRankRecord unpack(const uint8_t* bytes, size_t count, int from) {
+  if (count != packed_record_bytes()) {
+    throw_bad_argument(peer_name(from) + ": record", std::to_string(packed_record_bytes()) + " bytes",
+                       std::to_string(count) + " bytes");
+  }
+  const uint8_t* in = bytes;
+  uint32_t magic = 0, version = 0;
+  get(in, magic);
+  get(in, version);
+  if (magic != kIpcRecordMagic || version != kIpcRecordVersion) {
+    throw_bad_argument(peer_name(from) + ": record", "an mla-decode CUDA-IPC record of version " +
+                                                         std::to_string(kIpcRecordVersion),
+                       "magic " + std::to_string(magic) + ", version " + std::to_string(version));
+  }
+  IpcRankRecord r;
+  get(in, r.rank);
+  get(in, r.size);
+  get(in, r.interleave);
+  get(in, r.num_heads);
+  get(in, r.max_rows);
+  get(in, r.block_bytes);
+  get(in, r.process_id);
+  get(in, r.device_uuid);
+  get(in, r.handle);
+  return r;
+}
+
+void check_peer(const IpcRankRecord& mine, const IpcRankRecord& peer, int from) {
+  if (peer.rank != from) {
+    throw_bad_argument(peer_name(from) + ": rank", std::to_string(from) + " (its place in the all-gather)",
+                       std::to_string(peer.rank));
+  }
+  check_equal("size", mine.size, peer.size, from);
+  check_equal("interleave", mine.interleave, peer.interleave, from);
+  check_equal("num_heads", mine.num_heads, peer.num_heads, from);
+  check_equal("max_rows", mine.max_rows, peer.max_rows, from);
+  check_equal("block_bytes", mine.block_bytes, peer.block_bytes, from);
+  if (from != mine.rank && peer.process_id == mine.process_id) {
+    throw_bad_argument(peer_name(from) + ": process",
+                       "another process than rank " + std::to_string(mine.rank) +
+                           "'s (CUDA IPC cannot map memory into the process that exported it; for ranks "
+                           "in one process use InProcessDcp)",
+                       "the same process " + std::to_string(peer.process_id));
+  }
+}
+
+}  // namespace mla::dcp
