@@ -102,6 +102,12 @@ void run_rank(const Case& c, int rank, const std::string& directory) {
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
   objects[0]->check_step(device.inputs(steps[rank]));
 
+  // Every rank prepared before any rank's first step (prepare's warm-up writes its own blocks), and
+  // the first waits do not count a slow peer's start-up against the wait timeout.
+  uint8_t ready = 1;
+  std::vector<uint8_t> all_ready(c.size);
+  bootstrap.all_gather(&ready, 1, all_ready.data());
+
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<cudaGraphExec_t> graphs;
