@@ -2,6 +2,7 @@
 // processes would be), its errors and timeouts, the CUDA-IPC record's packing and peer checks, and
 // IpcDcp's argument validation (all before its first CUDA call).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -73,6 +74,40 @@ TEST(FileBootstrap, AllGathersAmongRanksRepeatedly) {
   int files = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir.path)) ++files;
   EXPECT_EQ(files, kSize);
+}
+
+TEST(FileBootstrap, AllGathersAmongForkedProcesses) {
+  // What the multi-process GPU test relies on: separate processes (no CUDA in them), each a rank.
+  constexpr int kSize = 3, kCalls = 3;
+  TempDir dir;
+  std::vector<pid_t> children;
+  for (int k = 0; k < kSize; ++k) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
+        for (int call = 0; call < kCalls && code == 0; ++call) {
+          const int32_t mine = 1000 * call + k;
+          int32_t all[kSize];
+          boot.all_gather(&mine, sizeof(mine), all);
+          for (int p = 0; p < kSize; ++p) {
+            if (all[p] != 1000 * call + p) code = 10 + p;
+          }
+        }
+      } catch (...) {
+        code = 2;
+      }
+      _exit(code);
+    }
+    ASSERT_GT(pid, 0);
+    children.push_back(pid);
+  }
+  for (int k = 0; k < kSize; ++k) {
+    int status = 0;
+    ASSERT_EQ(waitpid(children[k], &status, 0), children[k]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << k << " status " << status;
+  }
 }
 
 TEST(FileBootstrap, RejectsBadArgumentsAndTimesOut) {
