@@ -191,8 +191,9 @@ int main(int argc, char** argv) {
     }
 
     std::printf("| batch | context | D | one-GPU µs | rank query µs | rank core µs | rank value µs | rank step µs | "
-                "+ 2 signals µs | speedup | efficiency | rank floor µs | rank step/floor |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                "+ 2 signals µs | speedup | efficiency | rank floor µs | rank step/floor | rank GB/s | rank TFLOP/s |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::vector<std::string> one_gpu_lines;  // printed after the table
     const synth::SyntheticLayer layer = synth::make_layer(kHeads, 1);
     std::vector<Row> rows = {{1, int64_t{1} << 20}};
     if (!quick) rows.push_back({8, int64_t{1} << 18});
@@ -210,6 +211,14 @@ int main(int argc, char** argv) {
         s->mla->prepare(s->step.cache);
         MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
         one_gpu = timing::time_graph_us(stream, [&](int) { s->mla->run(s->step, stream); }, 10, 20);
+        const double tokens = double(row.requests) * row.context;
+        const timing::StepCost cost = timing::step_cost(kHeads, row.requests, tokens, tokens);
+        const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
+        char line[200];
+        std::snprintf(line, sizeof line, "| %d | %lld | %.1f | %.1f | %.2f | %.0f | %.1f |", row.requests,
+                      static_cast<long long>(row.context), one_gpu, floor, one_gpu / floor,
+                      cost.bytes() / (one_gpu * 1e3), cost.flops() / (one_gpu * 1e6));
+        one_gpu_lines.push_back(line);
       }
       for (int size : {2, 4, 8}) {
         const DcpLayout rank0{0, size, kInterleave};
@@ -240,12 +249,16 @@ int main(int argc, char** argv) {
         const double with_signals = step + 2 * signal_us;
         const timing::StepCost cost = rank_cost(size, row.requests, double(local));
         const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
-        std::printf("| %d | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f %% | %.1f | %.2f |\n",
+        std::printf("| %d | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f %% | %.1f | %.2f | %.0f | %.1f |\n",
                     row.requests, static_cast<long long>(row.context), size, one_gpu, query, core, value, step,
-                    with_signals, one_gpu / with_signals, 100.0 * one_gpu / with_signals / size, floor, step / floor);
+                    with_signals, one_gpu / with_signals, 100.0 * one_gpu / with_signals / size, floor, step / floor,
+                    cost.bytes() / (step * 1e3), cost.flops() / (step * 1e6));
         std::fflush(stdout);
       }
     }
+    std::printf("\nThe one-GPU steps (H = %d, the whole context):\n\n", kHeads);
+    std::printf("| batch | context | µs | floor µs | step/floor | GB/s | TFLOP/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const std::string& line : one_gpu_lines) std::printf("%s\n", line.c_str());
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dcp_bench: %s\n", e.what());
