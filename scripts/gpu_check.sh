@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: every GPU test binary, the main job, the PyTorch binding's tests, then the
-# benchmarks, from binaries built here (BUILD_DIR, default build). Results go to OUT (default
+# benchmarks (core, DCP, whole step), from binaries built here (BUILD_DIR, default build). Results go to OUT (default
 # ./gpu-out): the logs packed into logs.tgz (the device tool returns at most 8 files), the step
 # benchmark's table, CSV and plot beside it; a short table of test results is printed last.
 #   scripts/gpu_check.sh [tests|python|bench|all]
@@ -14,7 +14,7 @@ summary=()
 if [[ $mode == tests || $mode == all ]]; then
   for t in "$build"/tests/mla_gpu_*_tests "$build"/tests/mla_tests; do
     name=$(basename "$t")
-    "$t" --gtest_brief=1 > "$logs/$name.log" 2>&1
+    timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 > "$logs/$name.log" 2>&1  # a hang cannot eat the device call
     rc=$?
     summary+=("$(printf '%-26s rc=%d  %s' "$name" $rc "$(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/$name.log" | tr '\n' ' ')")")
   done
@@ -32,9 +32,16 @@ if [[ $mode == python || $mode == all ]]; then
   summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$logs/pytest.log")")")
 fi
 if [[ $mode == bench || $mode == all ]]; then
-  "$build"/bench/step_bench --csv "$out/step.csv" > "$out/step_bench.md" 2>&1
-  summary+=("$(printf '%-26s rc=%d' step_bench $?)")
-  python3 bench/plot_step.py "$out/step.csv" "$out/step.png" > "$logs/plot.log" 2>&1
+  # The core and DCP benchmarks are short; the whole-step sweep takes ~3 minutes (STEP_BENCH=0 skips it).
+  "$build"/bench/core_bench --out "$out/core.md" > "$logs/core_bench.log" 2>&1
+  summary+=("$(printf '%-26s rc=%d' core_bench $?)")
+  "$build"/bench/dcp_bench > "$out/dcp_bench.md" 2>&1
+  summary+=("$(printf '%-26s rc=%d' dcp_bench $?)")
+  if [[ ${STEP_BENCH:-1} == 1 ]]; then
+    "$build"/bench/step_bench --csv "$out/step.csv" > "$out/step_bench.md" 2>&1
+    summary+=("$(printf '%-26s rc=%d' step_bench $?)")
+    python3 bench/plot_step.py "$out/step.csv" "$out/step.png" > "$logs/plot.log" 2>&1
+  fi
 fi
 tail -n 12 "$logs/mla-decode-run.log" 2>/dev/null
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
