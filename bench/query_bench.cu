@@ -4,7 +4,9 @@
 // and the bf16 matrix rate measured in the same run.
 //
 //   query_bench                    the issue's table: H in {12,16,64,96,128} x rows in {1,4,16,64,256}
-//   query_bench --sweep            also sweep the planner's choices (splits, absorb columns)
+//   query_bench --sweep            then, for every shape of the table: the fused kernel at every
+//                                  cluster size (and row tile 32 at >= 64 rows) and the two-kernel
+//                                  path's default plan
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -167,7 +169,12 @@ int main(int argc, char** argv) {
   bool sweep = false;
   std::vector<int> heads = {12, 16, 64, 96, 128}, row_counts = {1, 4, 16, 64, 256};
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+    if (!std::strcmp(argv[i], "--sweep")) {
+      sweep = true;
+    } else {
+      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every fused cluster size (and the two-kernel path) per shape\n");
+      return std::strcmp(argv[i], "--help") ? 2 : 0;
+    }
   }
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -184,25 +191,6 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, ceil.copy_gbs, ceil.bf16_tflops);
 
   void* workspace = device_alloc<uint8_t>(size_t(64) << 20);
-  if (sweep) {
-    std::printf("\n## sweep: fused time (us) by splits (s) x PDL trigger of proj_kernel (early/late)\n");
-    for (int H : {12, 64, 128}) {
-      for (int rows : {1, 16, 64, 256}) {
-        Problem p = make_problem(rows, H, stream);
-        for (int splits : {1, 2, 4, 8, 16}) {
-          std::printf("H=%3d rows=%3d s=%2d:", H, rows, splits);
-          for (int trigger : {1, 2}) {
-            const query::QueryPlan plan = query::make_query_plan(rows, H, {.num_splits = splits, .trigger = trigger});
-            if (plan.workspace_bytes > (size_t(64) << 20)) continue;
-            std::printf("  %s %.2f", trigger == 1 ? "early" : "late", time_fused(p, plan, workspace, stream));
-          }
-          std::printf("\n");
-        }
-        free_problem(p);
-      }
-    }
-  }
-
   std::printf("\n| H | rows | fused us | GB/s | %% copy bw | TFLOP/s | stock us | stock/fused | plan |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (int H : heads) {
@@ -213,13 +201,41 @@ int main(int argc, char** argv) {
       const float fused = time_fused(p, plan, workspace, stream);
       const float stock = time_stock(p, cublas, stream);
       const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
-      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | splits=%d trigger=%s cols=%d grid=%ux%ux%u |\n", H, rows,
-                  fused, gbs, 100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused,
-                  plan.num_splits, plan.trigger_early ? "early" : "late", plan.absorb_cols, plan.proj_grid.x, plan.proj_grid.y, plan.proj_grid.z);
+      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | R=%d C=%d grid=%ux%ux%u |\n", H, rows, fused, gbs,
+                  100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, plan.row_tile,
+                  plan.cluster_size, plan.fused_grid.x, plan.fused_grid.y, plan.fused_grid.z);
       std::fflush(stdout);
       free_problem(p);
     }
   }
+  if (sweep) {
+    std::printf("\n## sweep: us by fused row tile R / cluster size C, and the two-kernel path (2k, its default plan)\n");
+    for (int H : heads) {
+      for (int rows : row_counts) {
+        Problem p = make_problem(rows, H, stream);
+        std::printf("H=%3d rows=%3d:", H, rows);
+        const int planned_tile = query::make_query_plan(rows, H).row_tile;
+        for (int row_tile : {planned_tile, 32}) {
+          if (row_tile == 32 && (rows < 64 || planned_tile == 32)) continue;
+          for (int cluster : {1, 2, 4, 8, 16}) {
+            query::QueryPlan plan;
+            try {
+              plan = query::make_query_plan(rows, H, {.cluster_size = cluster, .row_tile = row_tile});
+            } catch (const Error&) {
+              continue;  // shared memory does not fit or the cluster cannot be scheduled
+            }
+            std::printf("  R%d/C%d %.2f", row_tile, cluster, time_fused(p, plan, workspace, stream));
+          }
+        }
+        const query::QueryPlan two = query::make_query_plan(rows, H, {.two_kernel = 1});
+        if (two.workspace_bytes <= (size_t(64) << 20)) std::printf("  2k %.2f", time_fused(p, two, workspace, stream));
+        std::printf("\n");
+        std::fflush(stdout);
+        free_problem(p);
+      }
+    }
+  }
+
   MLA_CUDA_CHECK(cudaFree(workspace));
   CUBLAS_CHECK(cublasDestroy(cublas));
   return 0;

@@ -51,4 +51,41 @@ struct AbsorbSmemPlan {
   constexpr size_t bytes() const { return w_bytes() + q_bytes() + out_bytes(); }
 };
 
+// ---- Fused kernel: one cluster of C CTAs per (head, row tile) -----------------------------------
+// CTA r of a cluster owns the K slice [r*1536/C, (r+1)*1536/C) of the head's q_b_proj rows (one
+// 16-feature tile per warp: 12 warps = the head's 192 features) and the latent columns
+// [r*512/C, (r+1)*512/C) of the absorption; the C partial q tiles are summed through distributed
+// shared memory, so a head's q never leaves the cluster.
+inline constexpr int kFusedWarps = kTilesPerHead;  // 12
+inline constexpr int kFusedThreads = kFusedWarps * 32;
+inline constexpr int kFusedPrefetch = 8;            // 32-k chunks in flight per warp (8 KB per warp)
+inline constexpr int kPartialStride = kQkHeadDim + 4;  // fp32; rows 2t apart land 8t banks apart
+inline constexpr size_t kMaxSmemPerCta = 227 * 1024;
+
+struct FusedSmemPlan {
+  int row_tile;  // rows per cluster (8 * n-tiles)
+  int cluster;   // C: CTAs per cluster (K splits of q_b_proj, column splits of the absorption)
+  constexpr int split_len() const { return kQLoraRank / cluster; }
+  constexpr int cols() const { return kKvLoraRank / cluster; }
+  constexpr int qn_stride() const { return proj_smem_stride(split_len()); }      // bf16 elements
+  constexpr int w_stride() const { return cols() + 8; }                          // bf16; ldmatrix conflict-free
+  constexpr int q_stride() const { return kNopeDim + 8; }                        // bf16
+  constexpr int out_stride() const { return cols() + 16; }                       // bytes
+  // Region A holds the normed q_a slice during the projection, then the fp32 partial q tile.
+  constexpr size_t qn_bytes() const { return size_t(row_tile) * qn_stride() * 2; }
+  constexpr size_t partial_bytes() const { return size_t(row_tile) * kPartialStride * 4; }
+  constexpr size_t a_bytes() const { return qn_bytes() > partial_bytes() ? qn_bytes() : partial_bytes(); }
+  constexpr size_t w_offset() const { return a_bytes(); }
+  constexpr size_t w_bytes() const { return size_t(kNopeDim) * w_stride() * 2; }
+  constexpr size_t q_offset() const { return w_offset() + w_bytes(); }
+  constexpr size_t q_bytes() const { return size_t(row_tile) * q_stride() * 2; }
+  constexpr size_t out_offset() const { return q_offset() + q_bytes(); }
+  constexpr size_t out_bytes() const { return size_t(row_tile) * out_stride(); }
+  constexpr size_t bytes() const { return out_offset() + out_bytes(); }
+};
+static_assert(FusedSmemPlan{16, 1}.bytes() <= kMaxSmemPerCta, "C=1 must hold 16 rows");
+static_assert(FusedSmemPlan{64, 2}.bytes() <= kMaxSmemPerCta, "C=2 must hold 64 rows");
+static_assert(FusedSmemPlan{8, 16}.split_len() % kKChunk == 0, "every K slice must tile by 32");
+static_assert(FusedSmemPlan{8, 16}.cols() % 32 == 0, "every column slice must tile by 32");
+
 }  // namespace mla::query

@@ -1,11 +1,13 @@
 #include "query/launch.h"
 
 #include <sstream>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "mla/dims.h"
 #include "mla/error.h"
 #include "query/config.h"
+#include "query/fused_kernel.cuh"
 #include "query/kernel.cuh"
 
 namespace mla::query {
@@ -27,11 +29,121 @@ ProjKernel proj_kernel_for(int row_tile) {
 
 int round_up8(int64_t x) { return int((x + 7) / 8 * 8); }
 
+template <int kRowTile, int kCluster>
+ProjKernel fused_instance() {
+  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta) {
+    return fused_query_kernel<kRowTile / 8, kCluster>;
+  } else {
+    return nullptr;
+  }
+}
+
+// The one table of fused_query_kernel instantiations: (row tile, cluster size) -> kernel, or null
+// where the shared-memory plan does not fit (C = 1 holds at most 16 rows) or the pair is not one.
+ProjKernel fused_kernel_for(int row_tile, int cluster) {
+  auto for_rows = [row_tile](auto c) -> ProjKernel {
+    constexpr int kC = decltype(c)::value;
+    switch (row_tile) {
+      case 8: return fused_instance<8, kC>();
+      case 16: return fused_instance<16, kC>();
+      case 32: return fused_instance<32, kC>();
+      case 64: return fused_instance<64, kC>();
+    }
+    return nullptr;
+  };
+  switch (cluster) {
+    case 1: return for_rows(std::integral_constant<int, 1>{});
+    case 2: return for_rows(std::integral_constant<int, 2>{});
+    case 4: return for_rows(std::integral_constant<int, 4>{});
+    case 8: return for_rows(std::integral_constant<int, 8>{});
+    case 16: return for_rows(std::integral_constant<int, 16>{});
+  }
+  return nullptr;
+}
+
+bool valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8 || c == 16; }
+
+// Sets the fused kernel's attributes for (row tile, C) and returns how many of its clusters can be
+// resident at once (0: the configuration cannot run on this device).
+int prepare_fused(int row_tile, int cluster, size_t smem) {
+  ProjKernel kernel = fused_kernel_for(row_tile, cluster);
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (cluster > 8) MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(cluster), 1, 1);
+  config.blockDim = dim3(kFusedThreads);
+  config.dynamicSmemBytes = smem;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a sticky error: this configuration just cannot run here
+    return 0;
+  }
+  return clusters;
+}
+
+// Fused plan: rows per cluster from the batch, then the cluster size C.
+// NOTE: the kernel streams weights, so its time is about (rounds of resident clusters) x (bytes per
+// CTA, which scale as 1/C); the planner minimizes that product, preferring the smaller C on ties
+// (each CTA norms all rows of its tile and reads C partial tiles). Measured: bench/results/query.md.
+void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
+  const int64_t rows = plan.rows;
+  if (overrides.num_splits || overrides.absorb_cols || overrides.trigger)
+    throw_bad_argument("num_splits/absorb_cols/trigger", "0 for the fused kernel (two-kernel path only)",
+                       std::to_string(overrides.num_splits) + "/" + std::to_string(overrides.absorb_cols) + "/" +
+                           std::to_string(overrides.trigger));
+  if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
+      overrides.row_tile != 64)
+    throw_bad_argument("row_tile", "8, 16, 32 or 64", std::to_string(overrides.row_tile));
+  if (overrides.cluster_size && !valid_cluster(overrides.cluster_size))
+    throw_bad_argument("cluster_size", "1, 2, 4, 8 or 16", std::to_string(overrides.cluster_size));
+  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64);
+  const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
+  const int64_t clusters = int64_t(row_tiles) * plan.num_heads;
+  int cluster = overrides.cluster_size;
+  if (!cluster) {
+    double best = 0;
+    for (int c : {1, 2, 4, 8, 16}) {
+      if (fused_kernel_for(plan.row_tile, c) == nullptr) continue;
+      const int active = prepare_fused(plan.row_tile, c, FusedSmemPlan{plan.row_tile, c}.bytes());
+      if (active < 1) continue;
+      const double cost = double((clusters + active - 1) / active) / c;
+      if (!cluster || cost < best * 0.999) {
+        cluster = c;
+        best = cost;
+      }
+    }
+  }
+  if (fused_kernel_for(plan.row_tile, cluster) == nullptr)
+    throw_bad_argument("cluster_size", "a size whose shared memory fits " + std::to_string(plan.row_tile) + " rows",
+                       std::to_string(cluster));
+  plan.cluster_size = cluster;
+  plan.fused_grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads));
+  plan.fused_smem = FusedSmemPlan{plan.row_tile, cluster}.bytes();
+  if (prepare_fused(plan.row_tile, cluster, plan.fused_smem) < 1)
+    throw_bad_argument("cluster_size", "a cluster this device can schedule", std::to_string(cluster));
+  plan.num_splits = 1;
+  plan.split_len = kQLoraRank;
+  plan.workspace_bytes = overrides.store_q ? size_t(rows) * plan.num_heads * kQkHeadDim * sizeof(float) : 0;
+}
+
 }  // namespace
 
 std::string QueryPlan::describe() const {
   std::ostringstream s;
-  s << "rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " splits=" << num_splits << " trigger=" << (trigger_early ? "early" : "late")
+  if (fused) {
+    s << "rows=" << rows << " H=" << num_heads << " fused row_tile=" << row_tile << " cluster=" << cluster_size
+      << " grid=" << fused_grid.x << "x" << fused_grid.y << "x" << fused_grid.z << " smem=" << fused_smem
+      << " workspace=" << workspace_bytes;
+    return s.str();
+  }
+  s << "two-kernel rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " splits=" << num_splits << " trigger=" << (trigger_early ? "early" : "late")
     << " proj_grid=" << proj_grid.x << "x" << proj_grid.y << "x" << proj_grid.z << " absorb_cols=" << absorb_cols
     << " absorb_rows=" << absorb_rows << " absorb_grid=" << absorb_grid.x << "x" << absorb_grid.y << "x"
     << absorb_grid.z << " workspace=" << workspace_bytes;
@@ -44,6 +156,15 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
   QueryPlan plan;
   plan.rows = rows;
   plan.num_heads = num_heads;
+  if (overrides.two_kernel < 0 || overrides.two_kernel > 1)
+    throw_bad_argument("two_kernel", "0 or 1", std::to_string(overrides.two_kernel));
+  plan.fused = overrides.two_kernel == 0;
+  if (plan.fused) {
+    plan_fused(plan, overrides);
+    return plan;
+  }
+  if (overrides.cluster_size || overrides.store_q)
+    throw_bad_argument("cluster_size/store_q", "0 for the two-kernel path", std::to_string(overrides.cluster_size));
 
   // ---- proj_kernel: row tile, then the K split that keeps every SM streaming weights ----
   // NOTE: the table below is the best of a sweep on an H200 (src/query/README.md): few rows are
@@ -122,7 +243,8 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   if (!args.cache || !aligned16(args.cache)) throw_bad_argument("cache", "16-byte aligned device pointer", "unaligned or null");
   if (args.stride_cache_page < kPageSize * kKeyDim || args.stride_cache_page % 16 != 0)
     throw_bad_argument("stride_cache_page", ">= 36864 bytes and a multiple of 16", std::to_string(args.stride_cache_page));
-  if (!args.workspace || !aligned16(args.workspace)) throw_bad_argument("workspace", "16-byte aligned device pointer", "unaligned or null");
+  if (plan.workspace_bytes > 0 && (!args.workspace || !aligned16(args.workspace)))
+    throw_bad_argument("workspace", "16-byte aligned device pointer", "unaligned or null");
 
   QueryParams p;
   p.projected = static_cast<const __nv_bfloat16*>(args.projected);
@@ -143,7 +265,7 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.cache = static_cast<uint8_t*>(args.cache);
   p.stride_cache_page = args.stride_cache_page;
   p.num_cache_pages = args.num_cache_pages;
-  p.workspace = static_cast<float*>(args.workspace);
+  p.workspace = plan.workspace_bytes > 0 ? static_cast<float*>(args.workspace) : nullptr;
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
   p.trigger_early = plan.trigger_early ? 1 : 0;
@@ -153,6 +275,24 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+
+  if (plan.fused) {
+    cudaLaunchAttribute fused_attr[2];
+    fused_attr[0].id = cudaLaunchAttributeClusterDimension;
+    fused_attr[0].val.clusterDim.x = unsigned(plan.cluster_size);
+    fused_attr[0].val.clusterDim.y = 1;
+    fused_attr[0].val.clusterDim.z = 1;
+    fused_attr[1] = attr[0];
+    cudaLaunchConfig_t fused{};
+    fused.gridDim = plan.fused_grid;
+    fused.blockDim = dim3(kFusedThreads);
+    fused.dynamicSmemBytes = plan.fused_smem;
+    fused.stream = stream;
+    fused.attrs = fused_attr;
+    fused.numAttrs = pdl ? 2 : 1;
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&fused, fused_kernel_for(plan.row_tile, plan.cluster_size), p));
+    return;
+  }
 
   cudaLaunchConfig_t proj{};
   proj.gridDim = plan.proj_grid;

@@ -32,7 +32,9 @@ struct QueryParams {
   int64_t num_cache_pages = 0;               // a slot on a page >= this is skipped (defence; validated upstream)
 
   // ---- Split-K workspace: q = bf16(sum over splits) ----
-  float* workspace = nullptr;                // [num_splits, num_rows, H*192] fp32 partial sums of q_b_proj . qn
+  // Two-kernel path: [num_splits, num_rows, H*192] fp32 partial sums of q_b_proj . qn (required).
+  // Fused kernel: [num_rows, H*192] fp32 q before its bf16 rounding, or null (nothing written).
+  float* workspace = nullptr;
   int num_splits = 1;                        // splits of the 1536-long reduction of q_b_proj
   int split_len = 1536;                      // 1536 / num_splits, a multiple of 32
   int trigger_early = 0;                     // 1: proj_kernel lets absorb_kernel launch right after its wait

@@ -225,18 +225,18 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   DeviceBuffer<int64_t> d_slots(rows);
   DeviceBuffer<uint8_t> d_query(size_t(rows) * H_out * kKeyDim);
   DeviceBuffer<uint8_t> d_cache(size_t(num_pages) * page_stride);
-  const QueryPlan plan = query::make_query_plan(rows, H, c.overrides);
+  // The fused kernel stores its fp32 q (before the bf16 rounding) only on request: the checked plan
+  // asks for it, and the production plan (without) must then write the same bytes (checked below).
+  query::QueryPlanOverrides checked_overrides = c.overrides;
+  if (!c.overrides.two_kernel) checked_overrides.store_q = 1;
+  const QueryPlan plan = query::make_query_plan(rows, H, checked_overrides);
   DeviceBuffer<uint8_t> d_workspace(plan.workspace_bytes);
   d_slots.upload(slots);
-  d_query.poison(kQueryPoison);
-  d_cache.poison(kCacheSentinel);
   d_workspace.poison(0xff);  // NaN partials: a partial that is read but never written fails
-  if (pdl_producer) {
-    d_staging.upload(projected);
-    d_projected.poison(0xff);  // what a read before griddepcontrol.wait would see: NaN rows
-  } else {
-    d_projected.upload(projected);
-  }
+  // With a producer, launch() poisons the projected rows (what a read before griddepcontrol.wait
+  // would see: NaN rows) and the delayed copy writes them.
+  if (pdl_producer) d_staging.upload(projected);
+  else d_projected.upload(projected);
 
   QueryArgs args;
   args.projected = d_projected.get();
@@ -257,26 +257,44 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   args.num_cache_pages = num_pages;
   args.workspace = d_workspace.get();
 
-  cudaStream_t stream;
-  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (graph) {
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    if (pdl_producer) query::launch_delayed_copy(d_projected.get(), d_staging.get(), projected.size() * 2, 20000, stream);
-    query::launch_query(plan, args, stream, /*pdl=*/true);
-    MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-    MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    MLA_CUDA_CHECK(cudaGraphDestroy(g));
-  } else {
-    if (pdl_producer) query::launch_delayed_copy(d_projected.get(), d_staging.get(), projected.size() * 2, 20000, stream);
-    query::launch_query(plan, args, stream, /*pdl=*/true);
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // One launch of `run_plan` (after the delayed producer when asked), into freshly poisoned outputs.
+  auto launch = [&](const QueryPlan& run_plan) {
+    d_query.poison(kQueryPoison);
+    d_cache.poison(kCacheSentinel);
+    if (pdl_producer) d_projected.poison(0xff);
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets run on the legacy stream, ours does not wait
+    cudaStream_t stream;
+    MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t exec;
+      MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      if (pdl_producer) query::launch_delayed_copy(d_projected.get(), d_staging.get(), projected.size() * 2, 20000, stream);
+      query::launch_query(run_plan, args, stream, /*pdl=*/true);
+      MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+      MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      MLA_CUDA_CHECK(cudaGraphDestroy(g));
+    } else {
+      if (pdl_producer) query::launch_delayed_copy(d_projected.get(), d_staging.get(), projected.size() * 2, 20000, stream);
+      query::launch_query(run_plan, args, stream, /*pdl=*/true);
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  };
+  if (plan.fused) {
+    // The production plan first (no workspace): its bytes must equal the checked plan's.
+    const QueryPlan production = query::make_query_plan(rows, H, c.overrides);
+    EXPECT_EQ(production.workspace_bytes, 0u);
+    args.workspace = nullptr;
+    launch(production);
+    args.workspace = d_workspace.get();
   }
-  MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::vector<uint8_t> production_query = plan.fused ? d_query.download() : std::vector<uint8_t>{};
+  const std::vector<uint8_t> production_cache = plan.fused ? d_cache.download() : std::vector<uint8_t>{};
+  launch(plan);
   const std::vector<uint8_t> query = d_query.download();
   const std::vector<uint8_t> cache = d_cache.download();
   std::vector<float> workspace(plan.workspace_bytes / sizeof(float));
@@ -287,6 +305,10 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   Outcome outcome;
   std::string failure;
   int64_t failures = 0;
+  if (plan.fused) {
+    EXPECT_TRUE(production_query == query) << "the plan without a stored q wrote other query bytes";
+    EXPECT_TRUE(production_cache == cache) << "the plan without a stored q wrote other cache bytes";
+  }
 
   // Rows whose query is checked.
   std::vector<int> checked_rows(rows);
@@ -485,26 +507,59 @@ TEST(Query, DcpHeadOffsetLeavesOtherHeadsUntouched) {
 
 TEST(Query, PdlAfterProducerKernel) {
   MLA_REQUIRE_GPU();
-  Case c{16, 7};
-  c.pitch_pad = 8;
-  run_case(c, /*pdl_producer=*/true);
+  for (int two_kernel : {0, 1}) {
+    Case c{16, 7};
+    c.pitch_pad = 8;
+    c.overrides.two_kernel = two_kernel;
+    run_case(c, /*pdl_producer=*/true);
+  }
 }
 
 TEST(Query, PdlAfterProducerInCudaGraph) {
   MLA_REQUIRE_GPU();
-  Case c{12, 64};
-  run_case(c, /*pdl_producer=*/true, /*graph=*/true);
+  for (int two_kernel : {0, 1}) {
+    Case c{12, 64};
+    c.overrides.two_kernel = two_kernel;
+    run_case(c, /*pdl_producer=*/true, /*graph=*/true);
+  }
 }
 
-TEST(Query, EverySplitAndTilingGivesTheSameBytes) {
+// Every instantiation of the fused kernel: row tiles (with a partial last tile) x cluster sizes.
+TEST(Query, FusedEveryRowTileAndClusterSizeGivesTheSameBytes) {
+  MLA_REQUIRE_GPU();
+  for (int row_tile : {8, 16, 32, 64}) {
+    for (int cluster : {1, 2, 4, 8, 16}) {
+      if (cluster == 1 && row_tile > 16) continue;  // shared memory holds at most 16 rows at C = 1
+      Case c{8, 33};
+      c.overrides.row_tile = row_tile;
+      c.overrides.cluster_size = cluster;
+      run_case(c);
+    }
+  }
+}
+
+TEST(Query, TwoKernelPathEverySplitAndTilingGivesTheSameBytes) {
   MLA_REQUIRE_GPU();
   for (int splits : {1, 3, 16, 48}) {
     for (int cols : {32, 512}) {
       Case c{8, 33};
+      c.overrides.two_kernel = 1;
       c.overrides.num_splits = splits;
       c.overrides.absorb_cols = cols;
       c.overrides.row_tile = splits == 48 ? 8 : 32;
       c.overrides.trigger = cols == 32 ? 1 : 2;  // both PDL trigger points of proj_kernel
+      run_case(c);
+    }
+  }
+}
+
+TEST(Query, TwoKernelPathDefaultPlans) {
+  MLA_REQUIRE_GPU();
+  for (int H : {12, 128}) {
+    for (int rows : {1, 64}) {
+      Case c{H, rows};
+      c.max_checked_rows = std::max(2, 768 / H);
+      c.overrides.two_kernel = 1;
       run_case(c);
     }
   }
@@ -515,9 +570,15 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(513, 12), Error);
   EXPECT_THROW(query::make_query_plan(4, 0), Error);
   EXPECT_THROW(query::make_query_plan(4, 129), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.num_splits = 5}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.absorb_cols = 48}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.trigger = 3}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 3}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 1, .row_tile = 64}), Error);  // smem
+  EXPECT_THROW(query::make_query_plan(4, 12, {.row_tile = 24}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.num_splits = 4}), Error);  // two-kernel option
+  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 2}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .cluster_size = 2}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .num_splits = 5}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .absorb_cols = 48}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .trigger = 3}), Error);
 }
 
 }  // namespace

@@ -1,0 +1,329 @@
+// The fused query kernel: one launch computes both RMSNorms, q_b_proj, the W_UK absorption, the e4m3
+// query and the e4m3 cache rows (DESIGN.md §4, query stage).
+//
+// Grid (C, row tiles, H), clusters of C CTAs along x: the cluster of (row tile, head) owns that head
+// for those rows, so the head's q never leaves it. CTA r of the cluster:
+//   0. before griddepcontrol.wait: cp.async of its W_UK_T[h][:, r*512/C ...] column slice into shared
+//      memory, and the first kFusedPrefetch chunks of its q_b_proj K slice into registers (neither
+//      depends on the producer of `projected`);
+//   1. RMSNorm(q_a) of the tile's rows, its K slice of qn to shared memory;
+//   2. partial q = q_b_proj[h] . qn over its K slice on mma.sync (weights global -> registers);
+//   3. the fp32 partial tile to shared memory; the cache rows of the tile (spread over all CTAs);
+//   4. cluster barrier; q = bf16(sum of the C partials, rank order) read through distributed shared
+//      memory (rank 0 also quantizes the rope part and, for tests, stores the fp32 q);
+//   5. ql = q_nope . W_UK_T[h][:, its columns] on mma.sync, e4m3, 16-byte stores;
+//   6. waits until every peer has read its partials, then triggers its dependents.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "query/config.h"
+#include "query/kernel.cuh"
+#include "query/params.h"
+
+namespace mla::query {
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_committed() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+template <int kNTiles, int kCluster>
+__global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __grid_constant__ QueryParams p) {
+  constexpr int kRowTile = 8 * kNTiles;
+  constexpr FusedSmemPlan kPlan{kRowTile, kCluster};
+  constexpr int kSplitLen = kPlan.split_len(), kCols = kPlan.cols();
+  constexpr int kNumChunks = kSplitLen / kKChunk;
+  constexpr int kQnStride = kPlan.qn_stride(), kWStride = kPlan.w_stride(), kQStride = kPlan.q_stride();
+  constexpr int kOutStride = kPlan.out_stride();
+  static_assert(kPlan.bytes() <= kMaxSmemPerCta, "shared-memory plan too large for this (rows, C)");
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __nv_bfloat16* s_qn = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  float* s_part = reinterpret_cast<float*>(smem_raw);  // aliases s_qn after the projection
+  __nv_bfloat16* s_w = reinterpret_cast<__nv_bfloat16*>(smem_raw + kPlan.w_offset());
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem_raw + kPlan.q_offset());
+  uint8_t* s_out = smem_raw + kPlan.out_offset();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int rank = blockIdx.x;  // == the cluster rank: the cluster spans grid x exactly
+  const int row0 = blockIdx.y * kRowTile;
+  const int head = blockIdx.z;
+  const int rows_here = min(kRowTile, p.num_rows - row0);
+  const int k0 = rank * kSplitLen, col0 = rank * kCols;
+  const int num_features = p.num_heads * kQkHeadDim;
+
+  // Phase 0: weight traffic that does not depend on the producer, issued before the wait.
+  {
+    const __nv_bfloat16* src = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
+    constexpr int kVecsPerRow = kCols / 8;
+    for (int i = threadIdx.x; i < kNopeDim * kVecsPerRow; i += kFusedThreads) {
+      const int d = i / kVecsPerRow, v = i % kVecsPerRow;
+      cp_async_16(s_w + d * kWStride + v * 8, src + int64_t(d) * kKvLoraRank + v * 8);
+    }
+    cp_async_commit();
+  }
+  // Warp w owns features [16w, 16w+16) of the head; lane (g, t) streams rows g and g+8 of that tile
+  // at k = k0 + 32c + 8t (the permutation of k that the B fragments below repeat; see proj_kernel).
+  const __nv_bfloat16* w_lo =
+      p.q_b_proj + (int64_t(head) * kQkHeadDim + warp * kFeatureTile + g) * kQLoraRank + k0 + t * 8;
+  const __nv_bfloat16* w_hi = w_lo + 8 * kQLoraRank;
+  uint4 a_lo[kFusedPrefetch], a_hi[kFusedPrefetch];
+#pragma unroll
+  for (int i = 0; i < kFusedPrefetch; ++i) {
+    if (i < kNumChunks) {
+      a_lo[i] = load_stream(w_lo + i * kKChunk);
+      a_hi[i] = load_stream(w_hi + i * kKChunk);
+    }
+  }
+
+  // Phase 1: the producer of `projected` is complete (and, transitively, whatever read our outputs).
+  grid_dependency_wait();
+
+  // RMSNorm of q_a, one warp per row; lane holds columns (j*32 + lane)*8 + [0,8), j < 6. Rows past
+  // the batch get a zero slice (their partials are then zero and never stored).
+  for (int rr = warp; rr < kRowTile; rr += kFusedWarps) {
+    const int row = row0 + rr;
+    __nv_bfloat16* dst = s_qn + rr * kQnStride;
+    if (row >= p.num_rows) {
+      for (int k = lane * 8; k < kSplitLen; k += 256) *reinterpret_cast<uint4*>(dst + k) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const __nv_bfloat16* src = p.projected + int64_t(row) * p.stride_projected_row + kProjectedQaOffset;
+    uint4 v[6];
+#pragma unroll
+    for (int j = 0; j < 6; ++j) v[j] = *reinterpret_cast<const uint4*>(src + (j * 32 + lane) * 8);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 6; ++j) {
+      float f[8];
+      unpack8(v[j], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    ss = warp_sum(ss);
+    const float inv_rms = rsqrtf(ss / float(kQLoraRank) + p.rms_eps);
+#pragma unroll
+    for (int j = 0; j < 6; ++j) {
+      const int k = (j * 32 + lane) * 8;
+      if (k < k0 || k >= k0 + kSplitLen) continue;
+      float f[8], w[8];
+      unpack8(v[j], f);
+      unpack8(*reinterpret_cast<const uint4*>(p.q_a_norm + k), w);
+      uint4 out;
+      out.x = pack_bf16x2(f[0] * inv_rms * w[0], f[1] * inv_rms * w[1]);
+      out.y = pack_bf16x2(f[2] * inv_rms * w[2], f[3] * inv_rms * w[3]);
+      out.z = pack_bf16x2(f[4] * inv_rms * w[4], f[5] * inv_rms * w[5]);
+      out.w = pack_bf16x2(f[6] * inv_rms * w[6], f[7] * inv_rms * w[7]);
+      *reinterpret_cast<uint4*>(dst + (k - k0)) = out;
+    }
+  }
+  __syncthreads();
+
+  // Phase 2: the projection over the K slice; kFusedPrefetch chunks in flight per warp.
+  float acc[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  {
+    const __nv_bfloat16* b_base = s_qn + g * kQnStride + t * 8;
+#pragma unroll 1
+    for (int c0 = 0; c0 < kNumChunks; c0 += kFusedPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kFusedPrefetch; ++i) {
+        const int c = c0 + i;
+        if (c < kNumChunks) {
+          const uint4 lo = a_lo[i], hi = a_hi[i];
+          const int next = c + kFusedPrefetch;
+          if (next < kNumChunks) {
+            a_lo[i] = load_stream(w_lo + next * kKChunk);
+            a_hi[i] = load_stream(w_hi + next * kKChunk);
+          }
+#pragma unroll
+          for (int n = 0; n < kNTiles; ++n) {
+            const uint4 b = *reinterpret_cast<const uint4*>(b_base + n * 8 * kQnStride + c * kKChunk);
+            mma_bf16_16816(acc[n], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+            mma_bf16_16816(acc[n], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // every warp is done with s_qn: region A becomes the partial tile
+
+  // Phase 3: partial tile [row][feature] (fp32). d0 (feature g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t),
+  // d3 (g+8, 2t+1) of n-tile n.
+  {
+    float* dst = s_part + warp * kFeatureTile + g;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int r = n * 8 + 2 * t;
+      dst[r * kPartialStride] = acc[n][0];
+      dst[(r + 1) * kPartialStride] = acc[n][1];
+      dst[r * kPartialStride + 8] = acc[n][2];
+      dst[(r + 1) * kPartialStride + 8] = acc[n][3];
+    }
+  }
+
+  // Cache rows: e4m3([RMSNorm(kv_a) | k_pe] * inv_k_scale), one warp per row, the tile's rows spread
+  // over every CTA of the row tile (done here: it fills the wait for the slowest peer).
+  {
+    const int ctas = gridDim.x * gridDim.z;
+    const int cta = blockIdx.z * gridDim.x + blockIdx.x;
+    for (int rr = cta + ctas * warp; rr < rows_here; rr += ctas * kFusedWarps) {
+      const int row = row0 + rr;
+      const int64_t slot = p.slots[row];
+      if (slot < 0 || slot / kPageSize >= p.num_cache_pages) continue;
+      const __nv_bfloat16* src = p.projected + int64_t(row) * p.stride_projected_row;
+      uint8_t* dst = p.cache + (slot / kPageSize) * p.stride_cache_page + (slot % kPageSize) * kKeyDim;
+      uint4 v[2];
+      v[0] = *reinterpret_cast<const uint4*>(src + kProjectedKvaOffset + lane * 8);
+      v[1] = *reinterpret_cast<const uint4*>(src + kProjectedKvaOffset + 256 + lane * 8);
+      float f[2][8];
+      unpack8(v[0], f[0]);
+      unpack8(v[1], f[1]);
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += f[j][e] * f[j][e];
+      ss = warp_sum(ss);
+      const float inv_rms = rsqrtf(ss / float(kKvLoraRank) + p.rms_eps);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float w[8];
+        unpack8(*reinterpret_cast<const uint4*>(p.kv_a_norm + j * 256 + lane * 8), w);
+        float y[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
+          y[e] = __bfloat162float(__float2bfloat16_rn(f[j][e] * inv_rms * w[e])) * p.inv_k_scale;
+        }
+        uint2 out;
+        out.x = uint32_t(e4m3x2(y[0], y[1])) | (uint32_t(e4m3x2(y[2], y[3])) << 16);
+        out.y = uint32_t(e4m3x2(y[4], y[5])) | (uint32_t(e4m3x2(y[6], y[7])) << 16);
+        *reinterpret_cast<uint2*>(dst + j * 256 + lane * 8) = out;
+      }
+      if (lane < kRopeDim / 8) {
+        float k[8];
+        unpack8(*reinterpret_cast<const uint4*>(src + kProjectedKpeOffset + lane * 8), k);
+        uint2 out;
+        out.x = uint32_t(e4m3x2(k[0] * p.inv_k_scale, k[1] * p.inv_k_scale)) |
+                (uint32_t(e4m3x2(k[2] * p.inv_k_scale, k[3] * p.inv_k_scale)) << 16);
+        out.y = uint32_t(e4m3x2(k[4] * p.inv_k_scale, k[5] * p.inv_k_scale)) |
+                (uint32_t(e4m3x2(k[6] * p.inv_k_scale, k[7] * p.inv_k_scale)) << 16);
+        *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = out;
+      }
+    }
+  }
+
+  // Phase 4: every partial tile of the cluster is written and visible (release/acquire).
+  cluster_arrive_release();
+  cluster_wait_acquire();
+  {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    const float* parts[kCluster];
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) parts[r] = cluster.map_shared_rank(s_part, r);
+    // Rank 0 also owns the rope features (48 float4 groups a row; the others take the 32 nope ones).
+    // NOTE: two items per thread per round: their 2*C distributed-shared-memory loads are in flight
+    // together (one round trip each would dominate at C = 16).
+    const int vec_per_row = rank == 0 ? kQkHeadDim / 4 : kNopeDim / 4;
+    const int num_vec = kRowTile * vec_per_row;
+    constexpr int kBatch = 2;
+    for (int base = threadIdx.x; base < num_vec; base += kBatch * kFusedThreads) {
+      float4 v[kBatch][kCluster];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = base + u * kFusedThreads;
+        if (i >= num_vec) continue;
+        const int rr = i / vec_per_row, f = (i % vec_per_row) * 4;
+#pragma unroll
+        for (int r = 0; r < kCluster; ++r) v[u][r] = *reinterpret_cast<const float4*>(parts[r] + rr * kPartialStride + f);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = base + u * kFusedThreads;
+        if (i >= num_vec) continue;
+        const int rr = i / vec_per_row, f = (i % vec_per_row) * 4;
+        float4 s = v[u][0];
+#pragma unroll
+        for (int r = 1; r < kCluster; ++r) {
+          s.x += v[u][r].x; s.y += v[u][r].y; s.z += v[u][r].z; s.w += v[u][r].w;
+        }
+        const int row = row0 + rr;
+        if (rank == 0 && p.workspace != nullptr && row < p.num_rows)
+          *reinterpret_cast<float4*>(p.workspace + int64_t(row) * num_features + head * kQkHeadDim + f) = s;
+        const uint32_t lo = pack_bf16x2(s.x, s.y), hi = pack_bf16x2(s.z, s.w);
+        if (f < kNopeDim) {
+          *reinterpret_cast<uint2*>(s_q + rr * kQStride + f) = make_uint2(lo, hi);
+        } else if (row < p.num_rows) {
+          const float q0 = __uint_as_float(lo << 16), q1 = __uint_as_float(lo & 0xffff0000u);
+          const float q2 = __uint_as_float(hi << 16), q3 = __uint_as_float(hi & 0xffff0000u);
+          const uint32_t bytes = uint32_t(e4m3x2(q0 * p.inv_q_scale, q1 * p.inv_q_scale)) |
+                                 (uint32_t(e4m3x2(q2 * p.inv_q_scale, q3 * p.inv_q_scale)) << 16);
+          uint8_t* dst = p.query + (int64_t(row) * p.num_heads_out + p.head_offset + head) * kKeyDim + kKvLoraRank +
+                         (f - kNopeDim);
+          *reinterpret_cast<uint32_t*>(dst) = bytes;
+        }
+      }
+    }
+  }
+  cp_async_wait_committed();
+  __syncthreads();           // s_q and s_w complete
+  cluster_arrive_release();  // this CTA has read its peers' partials; matched by the wait at the end
+
+  // Phase 5: ql = q_nope . W_UK_T[h][:, col0 : col0 + kCols] over (16-column m-tile, 8-row n-tile)
+  // pairs: M = columns (A through ldmatrix.trans), N = rows, K = 128; e4m3 into s_out.
+  {
+    constexpr int kMTiles = kCols / 16;
+    const int n_tiles = (rows_here + 7) / 8;
+    const int mi = lane / 8, mj = lane % 8;
+    for (int pair = warp; pair < kMTiles * n_tiles; pair += kFusedWarps) {
+      const int mt = pair % kMTiles, nt = pair / kMTiles;
+      float acc2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ks = 0; ks < kNopeDim / 16; ks += 2) {
+        uint32_t a0[4], a1[4], b[4];
+        ldmatrix_x4_trans(a0, s_w + (ks * 16 + mj + 8 * (mi / 2)) * kWStride + mt * 16 + 8 * (mi % 2));
+        ldmatrix_x4_trans(a1, s_w + ((ks + 1) * 16 + mj + 8 * (mi / 2)) * kWStride + mt * 16 + 8 * (mi % 2));
+        ldmatrix_x4(b, s_q + (nt * 8 + mj) * kQStride + ks * 16 + 8 * mi);
+        mma_bf16_16816(acc2, a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+        mma_bf16_16816(acc2, a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+      }
+      // d0 (col g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1)
+      const uint16_t v01 = e4m3x2(acc2[0] * p.inv_q_scale, acc2[1] * p.inv_q_scale);
+      const uint16_t v23 = e4m3x2(acc2[2] * p.inv_q_scale, acc2[3] * p.inv_q_scale);
+      uint8_t* o = s_out + (nt * 8 + 2 * t) * kOutStride + mt * 16 + g;
+      o[0] = uint8_t(v01 & 0xff);
+      o[kOutStride] = uint8_t(v01 >> 8);
+      o[8] = uint8_t(v23 & 0xff);
+      o[kOutStride + 8] = uint8_t(v23 >> 8);
+    }
+  }
+  __syncthreads();
+  {
+    constexpr int kVecsPerRow = kCols / 16;
+    for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kFusedThreads) {
+      const int rr = i / kVecsPerRow, v = i % kVecsPerRow;
+      uint8_t* dst = p.query + (int64_t(row0 + rr) * p.num_heads_out + p.head_offset + head) * kKeyDim + col0 + v * 16;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(s_out + rr * kOutStride + v * 16);
+    }
+  }
+
+  // Phase 6: no peer reads this CTA's shared memory any more (it may exit), and every store of this
+  // CTA is issued: let the dependents launch.
+  cluster_wait_acquire();
+  trigger_dependents();
+}
+
+}  // namespace mla::query
