@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--stages 0|2|3|4 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context.
 #include <cuda_runtime.h>
 
@@ -52,12 +52,21 @@ int request_length(const Shape& s, int b) {
   return std::max(1, static_cast<int>(s.context * (1.0 - s.spread + 2.0 * s.spread * u)));
 }
 
+struct Variant {
+  const char* name;
+  int kernel;  // CoreShape.kernel (0 = planned)
+  int stages;  // CoreShape.stages (0 = default)
+};
+constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::core::kKernelMmaSync, 2},
+                                 {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
+                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma4", mla::core::kKernelWgmma, 4}};
+
 struct Result {
   double us, gbs, pct, tflops;
-  int splits, stages, ctas_per_sm;
+  int splits, stages, ctas_per_sm, kernel, tile_rows;
 };
 
-Result bench_shape(const Shape& s, int stages, double copy_gbs) {
+Result bench_shape(const Shape& s, const Variant& variant, double copy_gbs) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -94,7 +103,8 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
   shape.heads = s.heads;
   shape.q = s.q;
   shape.max_context = max_length;
-  shape.stages = stages;
+  shape.kernel = variant.kernel;
+  shape.stages = variant.stages;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
 
@@ -126,6 +136,8 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
   r.splits = plan.num_splits;
   r.stages = plan.stages;
   r.ctas_per_sm = plan.ctas_per_sm;
+  r.kernel = plan.kernel;
+  r.tile_rows = plan.tile_rows;
 
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   MLA_CUDA_CHECK(cudaFree(cache));
@@ -142,18 +154,27 @@ Result bench_shape(const Shape& s, int stages, double copy_gbs) {
 
 int main(int argc, char** argv) {
   const char* out_path = nullptr;
-  std::vector<int> stage_list;
+  std::vector<Variant> variants;
   for (int i = 1; i < argc; ++i) {
+    bool known = false;
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--stages") && i + 1 < argc) {
-      stage_list.push_back(std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: core_bench [--out file.md] [--stages 0|2|3|4 ...]\n");
+      known = true;
+    } else if (!std::strcmp(argv[i], "--variant") && i + 1 < argc) {
+      ++i;
+      for (const Variant& v : kVariants) {
+        if (!std::strcmp(argv[i], v.name)) {
+          variants.push_back(v);
+          known = true;
+        }
+      }
+    }
+    if (!known) {
+      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]\n");
       return 2;
     }
   }
-  if (stage_list.empty()) stage_list = {0};
+  if (variants.empty()) variants.push_back(kVariants[0]);
   try {
     cudaDeviceProp prop;
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -168,13 +189,14 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
                   prop.name, prop.multiProcessorCount, copy_gbs);
     table += line;
-    table += "| batch x context x H x q | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |\n";
-    table += "|---|---|---|---|---|---|---|---|\n";
+    table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |\n";
+    table += "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Shape& s : shapes) {
-      for (int stages : stage_list) {
-        const Result r = bench_shape(s, stages, copy_gbs);
-        std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
-                      s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, r.stages,
+      for (const Variant& variant : variants) {
+        const Result r = bench_shape(s, variant, copy_gbs);
+        std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
+                      s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
+                      r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : "wgmma", r.tile_rows, r.stages,
                       r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
         table += line;
         std::fputs(line, stdout);

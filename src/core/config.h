@@ -50,6 +50,35 @@ struct SharedMemoryPlan {
   alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
 };
 
+// ---- wgmma kernel (kernel_wgmma.cuh) ----------------------------------------------------------------
+// One CTA = two consumer warpgroups over one (request, split, N-tile) where the N side holds kTileN of
+// the request's folded M rows ("swap AB": the 64 tokens of a page are the wgmma M side, so H·q = 16
+// wastes nothing). Warpgroup w computes S^T for tile rows [w·kTileN/2, (w+1)·kTileN/2) and O^T for
+// latent dims [256w, 256w + 256) over all kTileN rows.
+inline constexpr int kWgThreads = 256;
+inline constexpr int kWgDims = kKvLoraRank / 2;      // latent dims per warpgroup
+inline constexpr int kSw64Bytes = 64;                // K-major 64-byte swizzle: one column block's row
+inline constexpr int kKeyBlocks = kKeyDim / kSw64Bytes;  // 9 column blocks of a token row
+inline constexpr int kPageBlockBytes = kPageSize * kSw64Bytes;  // 4096: one column block of a page
+static_assert(kKeyDim % kSw64Bytes == 0, "a token row splits into whole 64-byte swizzle blocks");
+static_assert(kPageSize * 2 == 128, "P^T rows (64 fp16 tokens) are exactly one 128-byte swizzle row");
+static_assert(kKvLoraRank == 2 * kWgDims && kWgDims == 4 * 64, "each warpgroup owns four m64 dim tiles");
+
+// Page and query tile: [column block 9][row][64 B], 16-byte chunk c of row r stored at chunk
+// c ^ ((r >> 1) & 3) (the wgmma 64-byte swizzle, K-major). P^T: [row kTileN][64 tokens] fp16, the
+// 128-byte swizzle (chunk c of row r at c ^ (r & 7)).
+template <int kTileN, int kStages>
+struct WgmmaSharedMemoryPlan {
+  alignas(1024) uint8_t kv[kStages][kPageBytes];
+  alignas(1024) uint8_t q[kKeyBlocks][kTileN][kSw64Bytes];
+  alignas(1024) __half p[2][kTileN][kPageSize];  // double-buffered: the other warpgroup may still read
+  float alpha[2][kTileN];                        // per-row rescale of this page (double-buffered)
+  float red[2][4][kTileN / 2];                   // [warpgroup][warp][row]: page row max / final sums
+  float row_sum[kTileN];                         // softmax sums, for the other warpgroup's rows
+  alignas(8) uint64_t full[kStages];
+  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32 or 64 (m64nNk16 with N/2 >= 8)");
+};
+
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).
 inline constexpr int kMaxSplits = 1024;
 // Combine kernel: one CTA per (entry, 128-dim chunk); its warps take the splits round-robin.

@@ -22,14 +22,22 @@ struct CoreShape {
   int q = 1;                               // rows per request, 1..8
   int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
-  int stages = 0;                          // K/V page ring depth 2..4; 0 = default (2)
+  int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync or kKernelWgmma
+  int stages = 0;                          // page ring depth: mma.sync 2, 3, 4 or 12, wgmma 2 or 4; 0 = default
+  int tile_rows = 0;                       // wgmma N-tile 16, 32 or 64; 0 = the smallest holding q*heads
 };
+
+// Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
+inline constexpr int kKernelMmaSync = 1;  // version 1: mma.sync, 16-row M tiles (kernel.cuh)
+inline constexpr int kKernelWgmma = 2;    // wgmma, tokens on M, 16/32/64-row N tiles (kernel_wgmma.cuh)
 
 // What plan_core fixed for a shape. Plain data: copy it freely.
 struct CorePlan {
   CoreShape shape;
   int num_splits = 1;          // split-KV count (1: the split kernel writes latent/lse directly)
-  int m_tiles = 1;             // 16-row tiles of a request's q*heads M side
+  int kernel = kKernelMmaSync; // split-kernel variant
+  int tile_rows = 16;          // rows of a request's q*heads M side per CTA (mma.sync: 16)
+  int m_tiles = 1;             // tiles of tile_rows over a request's q*heads M side
   int stages = 2;              // K/V page ring depth
   int ctas_per_sm = 1;         // occupancy of the split kernel
   int num_sms = 0;             // multiprocessors of the planned device

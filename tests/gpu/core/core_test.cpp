@@ -140,106 +140,129 @@ TEST_P(CoreTest, MatchesReference) {
     d_lengths.upload(lengths);
     d_totals.upload(totals);
   }
-  core::CoreShape shape;
-  shape.rows = rows;
-  shape.heads = heads;
-  shape.q = spec.q;
-  shape.max_context = spec.max_context;
-  shape.num_splits = spec.num_splits;
-  const core::CorePlan plan = core::plan_core(shape);
-  test::DeviceBuffer<uint8_t> d_workspace(std::max<size_t>(plan.workspace_bytes, 16));
-  d_workspace.poison();
-  core::CoreArgs args;
-  args.query = d_query.get();
-  args.cache = d_cache.get();
-  args.stride_cache_page = page_stride;
-  args.block_table = d_table.get();
-  args.stride_block_table = stride_table;
-  args.lengths = d_lengths.get();
-  args.totals = spec.dcp.size > 1 ? d_totals.get() : nullptr;
-  args.num_requests = num_requests;
-  args.dcp = spec.dcp;
-  args.softmax_scale = softmax_scale;
-  args.k_scale = k_scale;
-  args.latent = d_latent.get();
-  args.lse = d_lse.get();
-  args.workspace = d_workspace.get();
+  core::CoreShape base_shape;
+  base_shape.rows = rows;
+  base_shape.heads = heads;
+  base_shape.q = spec.q;
+  base_shape.max_context = spec.max_context;
+  base_shape.num_splits = spec.num_splits;
 
-  auto run_direct = [&] {
+  // Every split-kernel variant that can run this shape: the mma.sync version, the planned wgmma one,
+  // its 4-stage ring, and each wgmma N-tile forced (padding rows of a large tile; several small
+  // tiles per request).
+  std::vector<core::CoreShape> variants;
+  {
+    core::CoreShape v = base_shape;
+    v.kernel = core::kKernelMmaSync;
+    variants.push_back(v);
+    v.kernel = core::kKernelWgmma;
+    variants.push_back(v);
+    v.stages = 4;
+    variants.push_back(v);
+    v.stages = 0;
+    const int planned_tile = core::plan_core(v).tile_rows;
+    for (int tile : {16, 32, 64}) {
+      if (tile == planned_tile) continue;
+      v.tile_rows = tile;
+      variants.push_back(v);
+    }
+  }
+  for (const core::CoreShape& shape : variants) {
+    const core::CorePlan plan = core::plan_core(shape);
+    const std::string variant = std::string(plan.kernel == core::kKernelMmaSync ? "mma.sync" : "wgmma") +
+                                " tile " + std::to_string(plan.tile_rows) + " stages " + std::to_string(plan.stages);
+    SCOPED_TRACE(variant);
+    test::DeviceBuffer<uint8_t> d_workspace(std::max<size_t>(plan.workspace_bytes, 16));
+    d_workspace.poison();
+    core::CoreArgs args;
+    args.query = d_query.get();
+    args.cache = d_cache.get();
+    args.stride_cache_page = page_stride;
+    args.block_table = d_table.get();
+    args.stride_block_table = stride_table;
+    args.lengths = d_lengths.get();
+    args.totals = spec.dcp.size > 1 ? d_totals.get() : nullptr;
+    args.num_requests = num_requests;
+    args.dcp = spec.dcp;
+    args.softmax_scale = softmax_scale;
+    args.k_scale = k_scale;
+    args.latent = d_latent.get();
+    args.lse = d_lse.get();
+    args.workspace = d_workspace.get();
+
     d_latent.poison();
     d_lse.poison();
     core::launch_core(plan, args, nullptr);
     MLA_CUDA_CHECK(cudaDeviceSynchronize());
-    return CoreOutputs{d_latent.download(), d_lse.download(), plan.num_splits};
-  };
-  const CoreOutputs got = run_direct();
+    const CoreOutputs got{d_latent.download(), d_lse.download(), plan.num_splits};
 
-  // ---- Compare --------------------------------------------------------------------------------------
-  double worst_rel = 0, worst_lse = 0;
-  int64_t worst_entry = -1, failures = 0, empty = 0;
-  for (int64_t e = 0; e < rows * heads; ++e) {
-    const double ref_lse = expected.lse[e];
-    const float gpu_lse = got.lse[e];
-    const uint16_t* lat = got.latent.data() + e * kKvLoraRank;
-    const double* ref_lat = expected.latent.data() + e * kKvLoraRank;
-    if (std::isinf(ref_lse)) {
-      ++empty;
-      bool zero = gpu_lse == -std::numeric_limits<float>::infinity();
-      for (int d = 0; d < kKvLoraRank; ++d) zero = zero && ref::bf16_to_double(lat[d]) == 0.0;
-      if (!zero && failures++ < 5) {
-        ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
-                      << ") has no visible token but lse " << gpu_lse << ", latent[0] "
-                      << ref::bf16_to_double(lat[0]);
+    // ---- Compare ------------------------------------------------------------------------------------
+    double worst_rel = 0, worst_lse = 0;
+    int64_t worst_entry = -1, failures = 0, empty = 0;
+    for (int64_t e = 0; e < rows * heads; ++e) {
+      const double ref_lse = expected.lse[e];
+      const float gpu_lse = got.lse[e];
+      const uint16_t* lat = got.latent.data() + e * kKvLoraRank;
+      const double* ref_lat = expected.latent.data() + e * kKvLoraRank;
+      if (std::isinf(ref_lse)) {
+        ++empty;
+        bool zero = gpu_lse == -std::numeric_limits<float>::infinity();
+        for (int d = 0; d < kKvLoraRank; ++d) zero = zero && ref::bf16_to_double(lat[d]) == 0.0;
+        if (!zero && failures++ < 5) {
+          ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
+                        << ") has no visible token but lse " << gpu_lse << ", latent[0] "
+                        << ref::bf16_to_double(lat[0]);
+        }
+        continue;
       }
-      continue;
+      double err2 = 0, ref2 = 0;
+      bool finite = std::isfinite(gpu_lse);
+      for (int d = 0; d < kKvLoraRank; ++d) {
+        const double v = ref::bf16_to_double(lat[d]);
+        finite = finite && std::isfinite(v);
+        err2 += (v - ref_lat[d]) * (v - ref_lat[d]);
+        ref2 += ref_lat[d] * ref_lat[d];
+      }
+      const double rel = finite ? std::sqrt(err2 / std::max(ref2, 1e-300)) : INFINITY;
+      const double lse_err = finite ? std::fabs(gpu_lse - ref_lse) : INFINITY;
+      if (rel > worst_rel) {
+        worst_rel = rel;
+        worst_entry = e;
+      }
+      worst_lse = std::max(worst_lse, lse_err);
+      if ((rel > kLatentRelL2Bound || lse_err > kLseAbsBound) && failures++ < 5) {
+        ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
+                      << "): latent rel L2 " << rel << " (bound " << kLatentRelL2Bound << "), lse " << gpu_lse
+                      << " vs " << ref_lse << " (bound " << kLseAbsBound << ")";
+      }
     }
-    double err2 = 0, ref2 = 0;
-    bool finite = std::isfinite(gpu_lse);
-    for (int d = 0; d < kKvLoraRank; ++d) {
-      const double v = ref::bf16_to_double(lat[d]);
-      finite = finite && std::isfinite(v);
-      err2 += (v - ref_lat[d]) * (v - ref_lat[d]);
-      ref2 += ref_lat[d] * ref_lat[d];
-    }
-    const double rel = finite ? std::sqrt(err2 / std::max(ref2, 1e-300)) : INFINITY;
-    const double lse_err = finite ? std::fabs(gpu_lse - ref_lse) : INFINITY;
-    if (rel > worst_rel) {
-      worst_rel = rel;
-      worst_entry = e;
-    }
-    worst_lse = std::max(worst_lse, lse_err);
-    if ((rel > kLatentRelL2Bound || lse_err > kLseAbsBound) && failures++ < 5) {
-      ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
-                    << "): latent rel L2 " << rel << " (bound " << kLatentRelL2Bound << "), lse " << gpu_lse
-                    << " vs " << ref_lse << " (bound " << kLseAbsBound << ")";
-    }
-  }
-  std::printf("[core] %-28s H=%3d q=%d rows=%4lld splits=%4d  worst latent rel L2 %.3e (entry %lld)  worst |dlse| %.3e  empty %lld\n",
-              spec.name.c_str(), heads, spec.q, static_cast<long long>(rows), plan.num_splits, worst_rel,
-              static_cast<long long>(worst_entry), worst_lse, static_cast<long long>(empty));
-  EXPECT_EQ(failures, 0);
+    std::printf("[core] %-26s %-26s H=%3d q=%d rows=%4lld splits=%4d  worst latent rel L2 %.3e (entry %lld)  worst |dlse| %.3e  empty %lld\n",
+                spec.name.c_str(), variant.c_str(), heads, spec.q, static_cast<long long>(rows), plan.num_splits,
+                worst_rel, static_cast<long long>(worst_entry), worst_lse, static_cast<long long>(empty));
+    EXPECT_EQ(failures, 0);
 
-  // ---- The same launch captured in a CUDA graph gives the same bits --------------------------------
-  cudaStream_t stream;
-  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  d_latent.poison();
-  d_lse.poison();
-  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  core::launch_core(plan, args, stream);
-  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const std::vector<uint16_t> graph_latent = d_latent.download();
-  const std::vector<float> graph_lse = d_lse.download();
-  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  MLA_CUDA_CHECK(cudaStreamDestroy(stream));
-  EXPECT_TRUE(graph_latent == got.latent) << spec.name << ": graph replay latent differs from direct launch";
-  EXPECT_EQ(0, std::memcmp(graph_lse.data(), got.lse.data(), graph_lse.size() * sizeof(float)))
-      << spec.name << ": graph replay lse differs from direct launch";
+    // ---- The same launch captured in a CUDA graph gives the same bits ------------------------------
+    cudaStream_t stream;
+    MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    d_latent.poison();
+    d_lse.poison();
+    MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    core::launch_core(plan, args, stream);
+    MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<uint16_t> graph_latent = d_latent.download();
+    const std::vector<float> graph_lse = d_lse.download();
+    MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+    MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+    EXPECT_TRUE(graph_latent == got.latent) << spec.name << ": graph replay latent differs from direct launch";
+    EXPECT_EQ(0, std::memcmp(graph_lse.data(), got.lse.data(), graph_lse.size() * sizeof(float)))
+        << spec.name << ": graph replay lse differs from direct launch";
+  }
 }
 
 DcpLayout dcp(int rank, int size, int interleave) { return DcpLayout{rank, size, interleave}; }
@@ -305,6 +328,14 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_GE(int64_t{big.num_splits} * big.m_tiles * 128, big.num_sms);
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 3}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 3}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
+  // The planned wgmma tile is the smallest holding q*heads, 64 above.
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1, .kernel = core::kKernelWgmma}).m_tiles, 2);
 }
 
 }  // namespace

@@ -1,0 +1,481 @@
+// The FP8 attention core, wgmma version (sm_90a Hopper warpgroup MMAs), DESIGN.md §4.
+//
+// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y = split,
+// z = request. Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
+// attention rows the N side, so H·q = 16 runs an m64n16 tile without padding. Per page:
+//   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
+//      16-byte cp.async, stored in the K-major 64-byte-swizzle layout that wgmma reads);
+//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows (m64nNk32 e4m3, both operands
+//      from shared memory, 18 k-steps, fp32 accumulate);
+//   3. online softmax in base 2 over the tokens (the M side: quad shuffles, then the 4 warps of the
+//      warpgroup through shared memory); P^T in fp16 into a 128-byte-swizzle shared tile, the per-row
+//      rescale factor beside it; one CTA barrier;
+//   4. O^T += V^T·P^T: warpgroup w computes its 256 latent dims (four m64 tiles) × all kTileN rows
+//      (m64nNk16 f16, A = V^T from registers: 32-bit shared loads of the FP8 bytes, byte-permuted and
+//      converted e4m3 → f16x2, exact; B = P^T from shared memory). NOTE: FP8 wgmma needs K-major
+//      operands; V is token-major, so the register-A form avoids a transposed copy of every page.
+// The end writes bf16 latent + LSE (one split) or fp32 partials for the combine kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/kernel.cuh"
+#include "core/params.h"
+
+namespace mla::core {
+namespace wgmma_detail {
+
+// Shared-memory matrix descriptor (PTX "matrix-descriptor"): start address, leading byte offset 1
+// (unused by the swizzled K-major layouts), stride byte offset = bytes between 8-row groups, layout
+// 1 = 128-byte swizzle, 2 = 64-byte swizzle. The base-offset field stays 0: every swizzle atom is
+// aligned to its repeat (512 B / 1024 B), and a k-step inside an atom only moves the start address.
+inline constexpr uint32_t kSwizzle128 = 1;
+inline constexpr uint32_t kSwizzle64 = 2;
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t stride_bytes, uint32_t layout) {
+  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (static_cast<uint64_t>(layout) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int kPending>  // waits until at most kPending committed groups are still running
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Generic-proxy shared stores (query tile, P^T) become visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Pins a register's accesses in program order against the wgmma fence / wait (the compiler must not
+// move an accumulator or A-fragment write across them).
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// D(64 x N) += A(64 x 32) · B(N x 32)^T, e4m3, both from shared memory (K-major), fp32 accumulate.
+// scale_d = 0: D = A·B (the accumulator's old contents are ignored).
+template <int N>
+__device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+// D(64 x N) += A(64 x 16) · B(N x 16)^T, f16, A from registers, B from shared memory (K-major).
+template <int N>
+__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
+
+template <>
+__device__ __forceinline__ void wgmma_qk<8>(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_qk<16>(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_qk<32>(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_pv<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_pv<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_pv<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+}  // namespace wgmma_detail
+
+// kTileN: rows of the N-tile (16, 32, 64). kStages: page ring depth.
+template <int kTileN, int kStages, int kMinBlocksPerSm>
+__global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
+    core_wgmma_kernel(const __grid_constant__ CoreParams p) {
+  using namespace detail;
+  using namespace wgmma_detail;
+  using Smem = WgmmaSharedMemoryPlan<kTileN, kStages>;
+  constexpr int kRowsWg = kTileN / 2;  // S^T rows (N) of one warpgroup
+  constexpr int kGroupsS = kRowsWg / 8;  // n8 groups of the S^T accumulator
+  constexpr int kGroupsO = kTileN / 8;   // n8 groups of each O^T accumulator
+  // Q·K^T k-steps in flight (registers: kQkBuffers x kTileN / 4 per thread; the 64-row tile has none to spare).
+  constexpr int kQkBuffers = kTileN == 64 ? 2 : 4;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+  // NOTE: the swizzle atoms assume a 1024-byte aligned base (the dynamic window starts after the
+  // 1 KB reserved block on sm_90); a misaligned base would compute garbage, so it traps instead.
+  if ((smem_addr(smem_raw) & 1023u) != 0) __trap();
+
+  // ---- Phase 0: grid mapping ---------------------------------------------------------------------
+  // Accumulator fragments (m64nN, fp32): warp wi of the warpgroup holds M rows 16·wi + g and
+  // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
+  const int wg = threadIdx.x / 128;
+  const int wi = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int c = lane % 4;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int request = blockIdx.z;
+  const int rows_m = p.q * p.num_heads;
+  const int64_t num_entries = int64_t{gridDim.z} * rows_m;
+  const int64_t entry0 = int64_t{request} * rows_m;
+  const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
+
+  // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
+  int length = 0;
+  int64_t total = 0;
+  if (request < p.num_requests) {
+    length = p.lengths[request];
+    total = p.totals != nullptr ? p.totals[request] : length;
+  }
+  const int num_pages = (length + kPageSize - 1) / kPageSize;
+  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
+  const int page_begin = min(split * pages_per_split, num_pages);
+  const int page_end = min(page_begin + pages_per_split, num_pages);
+  const int my_pages = page_end - page_begin;
+  const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
+  const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
+
+  // Producer (every thread): page k of the split as 2304 16-byte cp.async (9 per thread, consecutive
+  // threads on consecutive chunks of a row) into the swizzled layout, then one arrival per thread.
+  // Rows past `length` are zero-filled (src size 0): the cache may hold NaN bytes there.
+  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  static_assert(kPageSize * kChunksPerRow % kWgThreads == 0, "whole cp.async chunks per thread");
+  auto issue_page = [&](int k) {
+    const int stage = k % kStages;
+    const int64_t token0 = int64_t{page_begin + k} * kPageSize;
+    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - token0));
+    const uint8_t* src = p.cache + int64_t{pages[page_begin + k]} * p.stride_cache_page;
+#pragma unroll
+    for (int i = 0; i < kPageSize * kChunksPerRow / kWgThreads; ++i) {
+      const int idx = threadIdx.x + i * kWgThreads;
+      const int r = idx / kChunksPerRow;
+      const int chunk = idx % kChunksPerRow;
+      uint8_t* dst = smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes +
+                     (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
+      cp_async_16(dst, src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
+    }
+    cp_async_mbar_arrive(&smem.full[stage]);
+  };
+  for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
+
+  // ---- Phase 2: the query tile into shared memory (same swizzled layout; rows past rows_m zero) ---
+  for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWgThreads) {
+    const int r = idx / kChunksPerRow;
+    const int chunk = idx % kChunksPerRow;
+    const int row = tile_row0 + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + chunk * 16));
+    *reinterpret_cast<uint4*>(&smem.q[chunk / 4][r][((chunk % 4) ^ ((r >> 1) & 3)) << 4]) = v;
+  }
+  fence_proxy_async();
+  __syncthreads();
+
+  const uint32_t q_addr = smem_addr(&smem.q[0][0][0]) + wg * kRowsWg * kSw64Bytes;
+  float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int e = 0; e < kGroupsO * 4; ++e) o[mt][e] = 0.0f;
+  float m_run[kGroupsS][2];  // running max (base-2 logits) of rows 8j + 2c + e of this warpgroup
+  float l_run[kGroupsS][2];  // this thread's share (its two tokens per page) of the softmax sums
+#pragma unroll
+  for (int j = 0; j < kGroupsS; ++j) {
+    m_run[j][0] = m_run[j][1] = -INFINITY;
+    l_run[j][0] = l_run[j][1] = 0.0f;
+  }
+  // S^T k-step accumulators (each k-step overwrites one: scale_d = 0), summed into s in fp32.
+  float s_step[kQkBuffers][kGroupsS * 4];
+#pragma unroll
+  for (int b = 0; b < kQkBuffers; ++b)
+#pragma unroll
+    for (int e = 0; e < kGroupsS * 4; ++e) s_step[b][e] = 0.0f;
+  const float scale_log2 = p.softmax_scale_log2;
+  const int token_a = 16 * wi + g;  // this thread's two tokens of a page (S^T rows)
+  const int token_b = token_a + 8;
+  // V^T fragments: the 32-bit word of dims 256·wg + 64·wi + 32h + 4g of token t sits in column block
+  // 4·wg + wi, chunk (2h + g / 4) ^ ((t >> 1) & 3) = (2h + g / 4) ^ c for the tokens 16kk + 2c + {0, 1, 8, 9}.
+  const int v_off0 = (4 * wg + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((g >> 2) ^ c) << 4) + 4 * (g & 3);
+  const int v_off1 = (4 * wg + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((2 + (g >> 2)) ^ c) << 4) + 4 * (g & 3);
+
+  // ---- Phase 3: the page loop ------------------------------------------------------------------
+  for (int it = 0; it < my_pages; ++it) {
+    const int stage = it % kStages;
+    const int buf = it % 2;
+    mbar_wait(&smem.full[stage], (it / kStages) & 1);
+    const uint32_t kv_addr = smem_addr(smem.kv[stage]);
+
+    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows.
+    // NOTE: FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3 §3.3.2): one 18-step chain
+    // measured LSE errors up to 5e-3 and latent errors up to 1.4e-2 (bounds 1e-3, 2.5e-3). So every
+    // k-step (32 products) goes into its own accumulator, summed in fp32 while the next k-steps run
+    // (kQkBuffers in flight; this also breaks the dependent chain of small-N MMAs).
+    float s[kGroupsS * 4];
+#pragma unroll
+    for (int ks = 0; ks < kQkSteps; ++ks) {
+      const uint32_t k_off = (ks / 2) * kPageBlockBytes + (ks % 2) * 32;
+      const uint32_t q_off = (ks / 2) * (kTileN * kSw64Bytes) + (ks % 2) * 32;
+      wgmma_fence();  // s_step[ks % kQkBuffers] was read by the fp32 sum below
+      wgmma_qk<kRowsWg>(s_step[ks % kQkBuffers], gmma_desc(kv_addr + k_off, 8 * kSw64Bytes, kSwizzle64),
+                        gmma_desc(q_addr + q_off, 8 * kSw64Bytes, kSwizzle64), 0);
+      wgmma_commit();
+      const int done = ks - (kQkBuffers - 1);  // the k-step whose accumulator is complete now
+      if (done >= 0) {
+        wgmma_wait<kQkBuffers - 1>();
+        float(&r)[kGroupsS * 4] = s_step[done % kQkBuffers];
+#pragma unroll
+        for (int e = 0; e < kGroupsS * 4; ++e) {
+          fence_operand(r[e]);
+          s[e] = done == 0 ? r[e] : s[e] + r[e];
+        }
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int done = kQkSteps - (kQkBuffers - 1); done < kQkSteps; ++done) {
+      float(&r)[kGroupsS * 4] = s_step[done % kQkBuffers];
+#pragma unroll
+      for (int e = 0; e < kGroupsS * 4; ++e) {
+        fence_operand(r[e]);
+        s[e] = done == 0 ? r[e] : s[e] + r[e];
+      }
+    }
+
+    // 3b. Scale to base-2 logits and mask (only pages reaching past a causal bound or the length).
+    const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
+    const bool full_page = page_token0 + kPageSize <= length &&
+                           global_position(page_token0 + kPageSize - 1, p) <= bound_min;
+    float x[kGroupsS * 4];
+#pragma unroll
+    for (int e = 0; e < kGroupsS * 4; ++e) x[e] = s[e] * scale_log2;
+    if (!full_page) {
+      const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
+      const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
+      const int64_t gb = jb < length ? global_position(jb, p) : INT64_MAX;
+#pragma unroll
+      for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int mi = min(tile_row0 + wg * kRowsWg + 8 * j + 2 * c + e, rows_m - 1);
+          const int64_t bound = total - p.q + mi / p.num_heads;
+          if (ga > bound) x[4 * j + e] = -INFINITY;
+          if (gb > bound) x[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+    // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
+#pragma unroll
+    for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(x[4 * j + e], x[4 * j + 2 + e]);
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = mx;
+      }
+    named_barrier_sync(1 + wg, 128);
+
+    // 3c. Online softmax: new row max, P^T = exp2(x - m) in fp16, the rescale factor for both warpgroups.
+    uint8_t* p_tile = reinterpret_cast<uint8_t*>(&smem.p[buf][0][0]);
+#pragma unroll
+    for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int nl = 8 * j + 2 * c + e;  // row within the warpgroup
+        const float page_max = fmaxf(fmaxf(smem.red[wg][0][nl], smem.red[wg][1][nl]),
+                                     fmaxf(smem.red[wg][2][nl], smem.red[wg][3][nl]));
+        const float m_new = fmaxf(m_run[j][e], page_max);
+        // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = exp2f(m_run[j][e] - m_use);
+        m_run[j][e] = m_new;
+        const float pa = exp2f(x[4 * j + e] - m_use);
+        const float pb = exp2f(x[4 * j + 2 + e] - m_use);
+        l_run[j][e] = l_run[j][e] * alpha + (pa + pb);
+        const int n = wg * kRowsWg + nl;  // row within the tile
+        uint8_t* row = p_tile + n * (kPageSize * 2);
+        *reinterpret_cast<__half*>(row + (((token_a >> 3) ^ (n & 7)) << 4) + (token_a & 7) * 2) = __float2half_rn(pa);
+        *reinterpret_cast<__half*>(row + (((token_b >> 3) ^ (n & 7)) << 4) + (token_b & 7) * 2) = __float2half_rn(pb);
+        if (wi == 0 && g == 0) smem.alpha[buf][n] = alpha;
+      }
+    fence_proxy_async();
+    __syncthreads();  // P^T and alpha complete; every thread is done with the previous page
+
+    // The previous page's stage is free now: refill it kStages - 1 pages ahead.
+    if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
+
+    // 3d. O^T = O^T·alpha + V^T·P^T over the page's 64 tokens (4 k16 steps) x this warpgroup's dims.
+#pragma unroll
+    for (int j = 0; j < kGroupsO; ++j) {
+      const float2 alpha = *reinterpret_cast<const float2*>(&smem.alpha[buf][8 * j + 2 * c]);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        o[mt][4 * j + 0] *= alpha.x;
+        o[mt][4 * j + 1] *= alpha.y;
+        o[mt][4 * j + 2] *= alpha.x;
+        o[mt][4 * j + 3] *= alpha.y;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int e = 0; e < kGroupsO * 4; ++e) fence_operand(o[mt][e]);
+    const uint8_t* v_base = smem.kv[stage];
+    const uint32_t p_addr = smem_addr(p_tile);
+#pragma unroll
+    for (int kk = 0; kk < kPageSize / 16; ++kk) {
+      const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
+      const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
+      // [h][token 2c, 2c + 1, 2c + 8, 2c + 9]
+      const uint32_t w00 = *reinterpret_cast<const uint32_t*>(v0);
+      const uint32_t w01 = *reinterpret_cast<const uint32_t*>(v0 + kSw64Bytes);
+      const uint32_t w08 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kSw64Bytes);
+      const uint32_t w09 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kSw64Bytes);
+      const uint32_t w10 = *reinterpret_cast<const uint32_t*>(v1);
+      const uint32_t w11 = *reinterpret_cast<const uint32_t*>(v1 + kSw64Bytes);
+      const uint32_t w18 = *reinterpret_cast<const uint32_t*>(v1 + 8 * kSw64Bytes);
+      const uint32_t w19 = *reinterpret_cast<const uint32_t*>(v1 + 9 * kSw64Bytes);
+      uint32_t a[4][4];  // [m64 dim tile mt = byte of the word][A fragment register]
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const uint32_t selector = mt | ((4 + mt) << 4);  // byte mt of the two words, the lower token first
+        a[mt][0] = e4m3x2_to_f16x2(prmt(w00, w01, selector));  // row g,     tokens 2c, 2c + 1
+        a[mt][1] = e4m3x2_to_f16x2(prmt(w10, w11, selector));  // row g + 8, tokens 2c, 2c + 1
+        a[mt][2] = e4m3x2_to_f16x2(prmt(w08, w09, selector));  // row g,     tokens 2c + 8, 2c + 9
+        a[mt][3] = e4m3x2_to_f16x2(prmt(w18, w19, selector));  // row g + 8, tokens 2c + 8, 2c + 9
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
+      wgmma_fence();  // the A registers (and, at kk = 0, the rescaled accumulators) are written
+      const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) wgmma_pv<kTileN>(o[mt], a[mt], desc_p);
+    }
+    wgmma_commit();
+    // NOTE: waited here, not after the next page's Q·K^T: with P·V still in flight at the loop exit,
+    // ptxas serializes every wgmma of the kernel (C7515, the loop-skipped path defines the
+    // accumulators); the next page's MMAs would queue behind this one anyway.
+    wgmma_wait_all();
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int e = 0; e < kGroupsO * 4; ++e) fence_operand(o[mt][e]);
+  }
+
+  // ---- Phase 4: finalize: softmax sums over the tokens (lanes g, then the 4 warps) ---------------
+  // NOTE: the last reads of smem.red were before the loop's last CTA barrier, so it can be reused.
+#pragma unroll
+  for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = l;
+    }
+  named_barrier_sync(1 + wg, 128);
+  constexpr float kLn2 = 0.69314718055994531f;
+  const bool direct = p.num_splits == 1;
+  if (wi == 0 && g == 0) {
+#pragma unroll
+    for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int nl = 8 * j + 2 * c + e;
+        const int n = wg * kRowsWg + nl;
+        const float sum = smem.red[wg][0][nl] + smem.red[wg][1][nl] + smem.red[wg][2][nl] + smem.red[wg][3][nl];
+        smem.row_sum[n] = sum;
+        const int row = tile_row0 + n;
+        if (row < rows_m) {
+          // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
+          const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
+          if (direct) {
+            p.lse[entry0 + row] = lse;
+          } else {
+            p.partial_lse[int64_t{split} * num_entries + entry0 + row] = lse;
+          }
+        }
+      }
+  }
+  __syncthreads();
+
+  // ---- Phase 5: stores: the thread holds dims 256·wg + 64·wi + 32h + 4g + [0, 4) of rows 8j + 2c + e --
+#pragma unroll
+  for (int j = 0; j < kGroupsO; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * c + e;
+      const int row = tile_row0 + n;
+      if (row >= rows_m) continue;
+      const float sum = smem.row_sum[n];
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const float scale = direct ? inv * p.k_scale : inv;
+      const int64_t entry = entry0 + row;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = wg * kWgDims + 64 * wi + 32 * h + 4 * g;
+        const float v0 = o[0][4 * j + 2 * h + e] * scale;
+        const float v1 = o[1][4 * j + 2 * h + e] * scale;
+        const float v2 = o[2][4 * j + 2 * h + e] * scale;
+        const float v3 = o[3][4 * j + 2 * h + e] * scale;
+        if (direct) {
+          __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1);
+          __nv_bfloat162 hi = __floats2bfloat162_rn(v2, v3);
+          uint2 packed;
+          packed.x = *reinterpret_cast<uint32_t*>(&lo);
+          packed.y = *reinterpret_cast<uint32_t*>(&hi);
+          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
+        } else {
+          float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
+          *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
+        }
+      }
+    }
+  griddep_launch_dependents();  // PDL: this CTA's last store is done
+}
+
+}  // namespace mla::core
