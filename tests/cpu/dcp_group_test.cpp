@@ -17,12 +17,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(call, text)                                  \
-  do {                                                                \
-    const std::string message_ = error_of([&] { call; });             \
-    EXPECT_NE(message_.find(text), std::string::npos) << message_;    \
-  } while (0)
-
 // A transport over given peer tables: what a multi-GPU transport hands to the base class.
 class FakeGroup final : public DcpGroup {
  public:

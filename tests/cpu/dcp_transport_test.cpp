@@ -22,12 +22,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(call, text)                               \
-  do {                                                             \
-    const std::string message_ = error_of([&] { call; });          \
-    EXPECT_NE(message_.find(text), std::string::npos) << message_; \
-  } while (0)
-
 // A fresh private directory, removed at the end.
 struct TempDir {
   std::string path;

@@ -19,3 +19,10 @@ inline std::string error_of(const std::function<void()>& f) {
 }
 
 }  // namespace mla::test
+
+// Expects `call` to throw an mla::Error whose message contains `text` (the message is printed if not).
+#define EXPECT_ERROR_HAS(call, text)                                    \
+  do {                                                                  \
+    const std::string message_ = ::mla::test::error_of([&] { call; });  \
+    EXPECT_NE(message_.find(text), std::string::npos) << message_;      \
+  } while (0)
