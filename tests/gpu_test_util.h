@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -73,6 +74,58 @@ struct DeviceWeights {
       view->memory = Memory::kDevice;
       view->device_index = 0;
     }
+  }
+};
+
+// A host step's tensors on the device (synth::SyntheticStep, or a DCP rank's step, which also has
+// `totals`), with room for later steps of the same sizes (changing lengths, block tables, slots):
+// upload(host) copies a step and poisons `out`; inputs(host) gives the step's views on the device.
+template <class HostStep>
+struct DeviceStep {
+  static constexpr bool kHasTotals = requires(const HostStep& h) { h.totals; };
+  DeviceBuffer<uint16_t> projected, out;
+  DeviceBuffer<uint8_t> cache;
+  DeviceBuffer<int64_t> slots;
+  DeviceBuffer<int32_t> block_table, lengths, totals;
+
+  explicit DeviceStep(const HostStep& s)
+      : projected(s.projected.size()), out(s.out.size()), cache(s.cache.size()), slots(s.slots.size()),
+        block_table(std::max<size_t>(1, s.block_table.size())), lengths(std::max<size_t>(1, s.lengths.size())),
+        totals(std::max<size_t>(1, totals_size(s))) {}
+  void upload(const HostStep& s) {
+    ASSERT_EQ(s.cache.size(), cache.size());
+    ASSERT_EQ(std::max<size_t>(1, s.block_table.size()), block_table.size());
+    projected.upload(s.projected);
+    cache.upload(s.cache);
+    slots.upload(s.slots);
+    if (!s.block_table.empty()) block_table.upload(s.block_table);
+    if (!s.lengths.empty()) lengths.upload(s.lengths);
+    if constexpr (kHasTotals) {
+      if (!s.totals.empty()) totals.upload(s.totals);
+    }
+    out.poison(0xff);
+  }
+  StepInputs inputs(HostStep& host) {
+    StepInputs s = host.inputs();  // host views: same shapes and strides
+    s.projected.data = projected.get();
+    s.out.data = out.get();
+    s.cache.data = cache.get();
+    s.slots.data = slots.get();
+    s.block_table.data = block_table.get();
+    s.lengths.data = lengths.get();
+    std::vector<TensorView*> views = {&s.projected, &s.out, &s.cache, &s.slots, &s.block_table, &s.lengths};
+    if constexpr (kHasTotals) {
+      s.totals.data = totals.get();
+      views.push_back(&s.totals);
+    }
+    for (TensorView* v : views) v->memory = Memory::kDevice;
+    return s;
+  }
+
+ private:
+  static size_t totals_size(const HostStep& s) {
+    if constexpr (kHasTotals) return s.totals.size();
+    return 0;
   }
 };
 

@@ -23,41 +23,7 @@ using test::kOutSameBytesBound;
 using test::kOutWholeChainBound;
 
 // One step's tensors on the device, with room for the metadata of later steps of the same shape.
-struct DeviceStep {
-  DeviceBuffer<uint16_t> projected, out;
-  DeviceBuffer<uint8_t> cache;
-  DeviceBuffer<int64_t> slots;
-  DeviceBuffer<int32_t> block_table, lengths;
-  synth::SyntheticStep& host;
-
-  explicit DeviceStep(synth::SyntheticStep& step)
-      : projected(step.projected.size()), out(step.out.size()), cache(step.cache.size()), slots(step.slots.size()),
-        block_table(std::max<size_t>(1, step.block_table.size())),
-        lengths(std::max<size_t>(1, step.lengths.size())), host(step) {
-    upload();
-  }
-  void upload() {
-    projected.upload(host.projected);
-    cache.upload(host.cache);
-    slots.upload(host.slots);
-    if (!host.block_table.empty()) block_table.upload(host.block_table);
-    if (!host.lengths.empty()) lengths.upload(host.lengths);
-    out.poison(0xff);
-  }
-  StepInputs inputs() {
-    StepInputs s = host.inputs();  // host views: same shapes and strides
-    s.projected.data = projected.get();
-    s.out.data = out.get();
-    s.cache.data = cache.get();
-    s.slots.data = slots.get();
-    s.block_table.data = block_table.get();
-    s.lengths.data = lengths.get();
-    for (TensorView* v : {&s.projected, &s.out, &s.cache, &s.slots, &s.block_table, &s.lengths}) {
-      v->memory = Memory::kDevice;
-    }
-    return s;
-  }
-};
+using DeviceStep = test::DeviceStep<synth::SyntheticStep>;
 
 // Worst per-(row, head) relative L2 error of `out`; rows of empty and padding requests exactly +0.
 double worst_relative_error(const synth::SyntheticStep& step, int heads, const std::vector<uint16_t>& got,
@@ -145,13 +111,14 @@ void run_case(const PipelineCase& c, uint64_t seed) {
 
   const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
+  device_step.upload(step);
   DeviceBuffer<uint8_t> scratch(step.rows * c.heads * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
                   make_view(scratch.get(), DType::kFP8E4M3, Memory::kDevice, {step.rows, c.heads, kKeyDim}),
                   {.max_context = 1 << 17, .queries = {c.q}});
-  StepInputs inputs = device_step.inputs();
+  StepInputs inputs = device_step.inputs(step);
   mla.prepare(inputs.cache);
-  device_step.upload();  // prepare's warm-up must not have touched anything, but start clean anyway
+  device_step.upload(step);  // prepare's warm-up must not have touched anything, but start clean anyway
   mla.check_step(inputs);
   mla.run(inputs, nullptr);
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -196,11 +163,12 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
   synth::SyntheticStep step = make(701);
   const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
+  device_step.upload(step);
   DeviceBuffer<uint8_t> scratch(step.rows * heads * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
                   make_view(scratch.get(), DType::kFP8E4M3, Memory::kDevice, {step.rows, heads, kKeyDim}),
                   {.queries = {q}});
-  StepInputs inputs = device_step.inputs();
+  StepInputs inputs = device_step.inputs(step);
   mla.prepare(inputs.cache);
 
   cudaStream_t stream;
@@ -217,8 +185,7 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
     ASSERT_EQ(next.rows, step.rows);
     ASSERT_EQ(next.num_pages, step.num_pages);
     ASSERT_EQ(next.max_pages, step.max_pages);
-    device_step.host = next;  // same buffers, new contents (out re-poisoned by upload)
-    device_step.upload();
+    device_step.upload(next);  // same buffers, new contents (out re-poisoned)
     const synth::SyntheticStep before = next;
     MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -236,15 +203,16 @@ TEST(Pipeline, BadStepIsRejectedBeforeAnyLaunch) {
   synth::SyntheticStep step = synth::make_step(layer, 2, 1, {100});
   const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
+  device_step.upload(step);
   DeviceBuffer<uint8_t> scratch(step.rows * 8 * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
                   make_view(scratch.get(), DType::kFP8E4M3, Memory::kDevice, {step.rows, 8, kKeyDim}));
-  StepInputs inputs = device_step.inputs();
+  StepInputs inputs = device_step.inputs(step);
   EXPECT_THROW(mla.run(inputs, nullptr), Error);  // before prepare()
   mla.prepare(inputs.cache);
   // A page index out of range: check_step sees it (device values), and nothing was written.
   step.block_table[0] = static_cast<int32_t>(step.num_pages);
-  device_step.upload();
+  device_step.upload(step);
   EXPECT_THROW(mla.check_step(inputs), Error);
   StepInputs wrong = inputs;
   wrong.out.dtype = DType::kF32;
