@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "bench_inputs.cuh"
 #include "dcp/signal.h"
 #include "device_timing.h"
 #include "mla/dcp.h"
@@ -38,44 +39,10 @@ namespace {
 
 constexpr int kHeads = 12, kInterleave = 64;
 
-// Random FP8 cache bytes: e4m3 of N(0, 32) from a hash (the spread of kv_normed / k_scale).
-__global__ void fill_cache_kernel(uint8_t* cache, int64_t bytes, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t x = (i + seed) * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    const float u1 = (static_cast<float>(x & 0xffffff) + 1.0f) / 16777217.0f;
-    const float u2 = static_cast<float>((x >> 24) & 0xffffff) / 16777216.0f;
-    cache[i] = __nv_cvt_float_to_fp8(32.0f * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2), __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
-// Device allocations freed together.
-struct Arena {
-  std::vector<void*> blocks;
-  ~Arena() {
-    for (void* p : blocks) cudaFree(p);
-  }
-  template <class T>
-  T* alloc(size_t count) {
-    void* p = nullptr;
-    MLA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, count * sizeof(T))));
-    blocks.push_back(p);
-    return static_cast<T*>(p);
-  }
-  template <class T>
-  T* copy(const std::vector<T>& host) {
-    T* p = alloc<T>(host.size());
-    MLA_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-  }
-};
-
 // One GPU's step inputs: `requests` requests of `local` cached tokens each (of `total` global), the
 // new token at the last global position (its slot only where `owner`), weights of H heads.
 struct Setup {
-  Arena arena;
+  DeviceArena arena;  // declared first: freed last, after the PreparedMla that uses it
   Weights weights;
   StepInputs step;
   std::unique_ptr<PreparedMla> mla;
@@ -85,28 +52,17 @@ struct Setup {
 std::unique_ptr<Setup> make_setup(const synth::SyntheticLayer& layer, int requests, int64_t local, int64_t total,
                                   bool owner, uint64_t seed, cudaStream_t stream) {
   auto s = std::make_unique<Setup>();
-  Arena& a = s->arena;
+  DeviceArena& a = s->arena;
   const int64_t rows = requests, heads = kHeads;
   const int64_t pages_per_request = (local + kPageSize - 1) / kPageSize + 1;
   const int64_t num_pages = requests * pages_per_request;
   const int64_t pitch = (projected_width(kHeads) + 7) / 8 * 8;
-  auto bf16 = [&](const std::vector<uint16_t>& host, std::initializer_list<int64_t> shape) {
-    return make_view(a.copy(host), DType::kBF16, Memory::kDevice, shape);
-  };
-  s->weights.q_a_norm = bf16(layer.q_a_norm, {kQLoraRank});
-  s->weights.kv_a_norm = bf16(layer.kv_a_norm, {kKvLoraRank});
-  s->weights.q_b_proj = bf16(layer.q_b_proj, {heads * kQkHeadDim, kQLoraRank});
-  s->weights.w_uk_t = bf16(layer.w_uk_t, {heads, kNopeDim, kKvLoraRank});
-  s->weights.w_uv = bf16(layer.w_uv, {heads, kKvLoraRank, kVHeadDim});
-  s->weights.q_scale = layer.q_scale;
-  s->weights.k_scale = layer.k_scale;
+  s->weights = device_weights(layer, a);
 
   synth::Rng rng(synth::stream_seed(seed, 1));
   std::vector<uint16_t> projected(rows * pitch);
   synth::fill_random_bf16(projected, 0.0, 1.0, rng);
-  std::vector<int32_t> pages(num_pages);
-  std::iota(pages.begin(), pages.end(), 0);
-  for (int64_t i = num_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng() % (i + 1)]);
+  const std::vector<int32_t> pages = shuffled_pages(num_pages, rng);
   std::vector<int32_t> lengths(requests, static_cast<int32_t>(local)), totals(requests, static_cast<int32_t>(total));
   std::vector<int64_t> slots(rows, -1);
   for (int b = 0; b < requests; ++b) {
@@ -174,7 +130,7 @@ int main(int argc, char** argv) {
     // ---- The signal-and-wait kernel (2 per step under IpcDcp), waits satisfied at once.
     double signal_us = 0;
     {
-      Arena a;
+      DeviceArena a;
       uint32_t* words = a.alloc<uint32_t>(2 * kMaxDcpRanks + 1);
       MLA_CUDA_CHECK(cudaMemset(words, 0, (2 * kMaxDcpRanks + 1) * sizeof(uint32_t)));
       dcp::SignalArgs args;
@@ -202,7 +158,7 @@ int main(int argc, char** argv) {
       double one_gpu = 0;
       {
         std::unique_ptr<Setup> s = make_setup(layer, row.requests, row.context, row.context, true, 7, stream);
-        Arena scratch_arena;
+        DeviceArena scratch_arena;
         const TensorView scratch = make_view(scratch_arena.alloc<uint8_t>(size_t(row.requests) * kHeads * kKeyDim),
                                              DType::kFP8E4M3, Memory::kDevice, {row.requests, kHeads, kKeyDim});
         s->mla = std::make_unique<PreparedMla>(

@@ -27,6 +27,7 @@
 #include "core/launch.h"
 #include "device_timing.h"
 #include "mla/mla.h"
+#include "bench_inputs.cuh"
 #include "query_bench_stock.cuh"
 #include "synthetic.h"
 
@@ -53,33 +54,6 @@ __global__ void stock_gate_kernel(const __nv_bfloat16* v, const __nv_bfloat16* p
   }
 }
 
-// Random FP8 cache bytes: e4m3 of N(0, 32) (the spread of kv_normed / k_scale), from a hash.
-__global__ void fill_cache_kernel(uint8_t* cache, int64_t bytes, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t x = (i + seed) * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    const float u1 = (static_cast<float>(x & 0xffffff) + 1.0f) / 16777217.0f;
-    const float u2 = static_cast<float>((x >> 24) & 0xffffff) / 16777216.0f;
-    const float normal = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    cache[i] = __nv_cvt_float_to_fp8(32.0f * normal, __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
-template <class T>
-T* device_alloc(size_t count) {
-  void* p = nullptr;
-  MLA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, count * sizeof(T))));
-  return static_cast<T*>(p);
-}
-template <class T>
-T* device_copy(const std::vector<T>& host) {
-  T* p = device_alloc<T>(host.size());
-  MLA_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
 struct Config {
   int rows, context, heads, q;
 };
@@ -87,7 +61,7 @@ struct Config {
 // One replica: the layer's weights and a full step on the device, a PreparedMla over them, and the
 // stock composition's intermediates.
 struct Replica {
-  std::vector<void*> allocations;
+  DeviceArena arena;  // declared first: freed last, after the PreparedMla that uses it
   StepInputs inputs;
   Weights weights;
   std::unique_ptr<PreparedMla> mla;
@@ -97,16 +71,6 @@ struct Replica {
   uint8_t* query;
   void* core_workspace = nullptr;
   core::CorePlan core_plan;
-
-  template <class T>
-  T* track(T* p) {
-    allocations.push_back(p);
-    return p;
-  }
-  ~Replica() {
-    mla.reset();
-    for (void* p : allocations) cudaFree(p);
-  }
 };
 
 std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLayer& layer, uint64_t seed,
@@ -118,25 +82,13 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   const int64_t num_pages = int64_t{requests} * pages_per_request;
   const int64_t pitch = (projected_width(c.heads) + 7) / 8 * 8;
 
-  // Weights.
-  auto bf16_view = [&](const std::vector<uint16_t>& host, std::initializer_list<int64_t> shape) {
-    return make_view(r->track(device_copy(host)), DType::kBF16, Memory::kDevice, shape);
-  };
-  r->weights.q_a_norm = bf16_view(layer.q_a_norm, {kQLoraRank});
-  r->weights.kv_a_norm = bf16_view(layer.kv_a_norm, {kKvLoraRank});
-  r->weights.q_b_proj = bf16_view(layer.q_b_proj, {heads * kQkHeadDim, kQLoraRank});
-  r->weights.w_uk_t = bf16_view(layer.w_uk_t, {heads, kNopeDim, kKvLoraRank});
-  r->weights.w_uv = bf16_view(layer.w_uv, {heads, kKvLoraRank, kVHeadDim});
-  r->weights.q_scale = layer.q_scale;
-  r->weights.k_scale = layer.k_scale;
+  r->weights = device_weights(layer, r->arena);
 
   // The step: random projected rows, a random cache, permuted pages, slots at the last q positions.
   synth::Rng rng(synth::stream_seed(seed, 1));
   std::vector<uint16_t> projected(rows * pitch);
   synth::fill_random_bf16(projected, 0.0, 1.0, rng);
-  std::vector<int32_t> pages(num_pages);
-  std::iota(pages.begin(), pages.end(), 0);
-  for (int64_t i = num_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng() % (i + 1)]);
+  const std::vector<int32_t> pages = shuffled_pages(num_pages, rng);
   std::vector<int32_t> lengths(requests, c.context);
   std::vector<int64_t> slots(rows);
   for (int64_t row = 0; row < rows; ++row) {
@@ -144,22 +96,22 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
     const int64_t position = c.context - c.q + row % c.q;
     slots[row] = int64_t{pages[request * pages_per_request + position / kPageSize]} * kPageSize + position % kPageSize;
   }
-  uint8_t* cache = r->track(device_alloc<uint8_t>(num_pages * kPageSize * kKeyDim));
+  uint8_t* cache = r->arena.alloc<uint8_t>(num_pages * kPageSize * kKeyDim);
   fill_cache_kernel<<<2048, 256, 0, stream>>>(cache, num_pages * kPageSize * kKeyDim, seed);
   MLA_CUDA_CHECK_LAUNCH();
 
   StepInputs& s = r->inputs;
-  s.projected = make_strided_view(r->track(device_copy(projected)), DType::kBF16, Memory::kDevice,
+  s.projected = make_strided_view(r->arena.copy(projected), DType::kBF16, Memory::kDevice,
                                   {rows, projected_width(c.heads)}, {pitch, 1});
-  s.out = make_view(r->track(device_alloc<uint16_t>(rows * heads * kVHeadDim)), DType::kBF16, Memory::kDevice,
+  s.out = make_view(r->arena.alloc<uint16_t>(rows * heads * kVHeadDim), DType::kBF16, Memory::kDevice,
                     {rows, heads * kVHeadDim});
   s.cache = make_view(cache, DType::kFP8E4M3, Memory::kDevice, {num_pages, kPageSize, kKeyDim});
-  s.slots = make_view(r->track(device_copy(slots)), DType::kI64, Memory::kDevice, {rows});
-  s.block_table = make_view(r->track(device_copy(pages)), DType::kI32, Memory::kDevice, {requests, pages_per_request});
-  s.lengths = make_view(r->track(device_copy(lengths)), DType::kI32, Memory::kDevice, {requests});
+  s.slots = make_view(r->arena.copy(slots), DType::kI64, Memory::kDevice, {rows});
+  s.block_table = make_view(r->arena.copy(pages), DType::kI32, Memory::kDevice, {requests, pages_per_request});
+  s.lengths = make_view(r->arena.copy(lengths), DType::kI32, Memory::kDevice, {requests});
   s.q = c.q;
 
-  const TensorView scratch = make_view(r->track(device_alloc<uint8_t>(rows * heads * kKeyDim)), DType::kFP8E4M3,
+  const TensorView scratch = make_view(r->arena.alloc<uint8_t>(rows * heads * kKeyDim), DType::kFP8E4M3,
                                        Memory::kDevice, {rows, heads, kKeyDim});
   r->mla = std::make_unique<PreparedMla>(r->weights, LayerDims{c.heads, 1e-5f}, std::map<int64_t, int64_t>{{rows, pitch}},
                                          scratch, PrepareOptions{.max_context = 1 << 17, .queries = {c.q}});
@@ -167,20 +119,20 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
 
   // Stock intermediates.
   r->query = scratch.as<uint8_t>();
-  r->qn = r->track(device_alloc<__nv_bfloat16>(rows * kQLoraRank));
-  r->kvn = r->track(device_alloc<__nv_bfloat16>(rows * kKvLoraRank));
-  r->q = r->track(device_alloc<__nv_bfloat16>(rows * heads * kQkHeadDim));
-  r->ql = r->track(device_alloc<__nv_bfloat16>(rows * heads * kKvLoraRank));
-  r->latent = r->track(device_alloc<__nv_bfloat16>(rows * heads * kKvLoraRank));
-  r->v = r->track(device_alloc<__nv_bfloat16>(rows * heads * kVHeadDim));
-  r->lse = r->track(device_alloc<float>(rows * heads));
+  r->qn = r->arena.alloc<__nv_bfloat16>(rows * kQLoraRank);
+  r->kvn = r->arena.alloc<__nv_bfloat16>(rows * kKvLoraRank);
+  r->q = r->arena.alloc<__nv_bfloat16>(rows * heads * kQkHeadDim);
+  r->ql = r->arena.alloc<__nv_bfloat16>(rows * heads * kKvLoraRank);
+  r->latent = r->arena.alloc<__nv_bfloat16>(rows * heads * kKvLoraRank);
+  r->v = r->arena.alloc<__nv_bfloat16>(rows * heads * kVHeadDim);
+  r->lse = r->arena.alloc<float>(rows * heads);
   core::CoreShape shape;
   shape.rows = rows;
   shape.heads = c.heads;
   shape.q = c.q;
   shape.max_context = 1 << 17;
   r->core_plan = core::plan_core(shape);
-  if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->track(device_alloc<uint8_t>(r->core_plan.workspace_bytes));
+  if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->arena.alloc<uint8_t>(r->core_plan.workspace_bytes);
   return r;
 }
 
