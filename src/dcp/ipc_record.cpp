@@ -21,6 +21,21 @@ void get(const uint8_t*& in, T& value) {
   in += sizeof(T);
 }
 
+// The record's fields in their one wire order (after the magic and version words): pack and unpack
+// both walk this list, so they cannot disagree.
+template <class Record, class Visit>
+void for_each_field(Record& r, Visit&& visit) {
+  visit(r.rank);
+  visit(r.size);
+  visit(r.interleave);
+  visit(r.num_heads);
+  visit(r.max_rows);
+  visit(r.block_bytes);
+  visit(r.process_id);
+  visit(r.device_uuid);
+  visit(r.handle);
+}
+
 std::string peer_name(int from) { return "dcp peer " + std::to_string(from); }
 
 template <class T>
@@ -35,15 +50,7 @@ std::vector<uint8_t> pack(const IpcRankRecord& r) {
   std::vector<uint8_t> out;
   put(out, kIpcRecordMagic);
   put(out, kIpcRecordVersion);
-  put(out, r.rank);
-  put(out, r.size);
-  put(out, r.interleave);
-  put(out, r.num_heads);
-  put(out, r.max_rows);
-  put(out, r.block_bytes);
-  put(out, r.process_id);
-  put(out, r.device_uuid);
-  put(out, r.handle);
+  for_each_field(r, [&](const auto& field) { put(out, field); });
   return out;
 }
 
@@ -64,15 +71,7 @@ IpcRankRecord unpack(const uint8_t* bytes, size_t count, int from) {
                        "magic " + std::to_string(magic) + ", version " + std::to_string(version));
   }
   IpcRankRecord r;
-  get(in, r.rank);
-  get(in, r.size);
-  get(in, r.interleave);
-  get(in, r.num_heads);
-  get(in, r.max_rows);
-  get(in, r.block_bytes);
-  get(in, r.process_id);
-  get(in, r.device_uuid);
-  get(in, r.handle);
+  for_each_field(r, [&](auto& field) { get(in, field); });
   return r;
 }
 
