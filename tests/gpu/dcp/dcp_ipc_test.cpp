@@ -37,6 +37,10 @@
 #include "reference.h"
 #include "synthetic.h"
 
+#ifdef MLA_DCP_WITH_NCCL
+#include <nccl.h>
+#endif
+
 extern char** environ;
 
 namespace mla {
@@ -54,6 +58,7 @@ struct Case {
   int size = 2;
   bool graph = false;
   int steps = 20;
+  bool nccl = false;  // rank k on GPU k over an NcclBootstrap (binary mla_gpu_dcp_nccl_tests only)
 };
 
 // The group's shape per D: different interleaves, heads and q for the two sizes.
@@ -61,6 +66,7 @@ struct Shape {
   int interleave, heads, q, requests, max_length;
 };
 Shape shape_for(int size) {
+  if (size == 8) return Shape{64, 12, 1, 3, 1200};
   return size == 2 ? Shape{64, 12, 1, 3, 600} : Shape{1, 16, 2, 3, 500};
 }
 
@@ -73,127 +79,183 @@ std::vector<RankStep> step_of(const StepSequence& sequence, uint64_t seed, int i
 
 // ---- The child: one rank ---------------------------------------------------------------------------
 
+int visible_gpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  return count;
+}
+
+// Every view of a step or of weights on `device` (the helpers make views of GPU 0).
+void place_on(StepInputs& s, int device) {
+  for (TensorView* v : {&s.projected, &s.out, &s.cache, &s.slots, &s.block_table, &s.lengths, &s.totals}) {
+    v->device_index = device;
+  }
+}
+void place_on(Weights& w, int device) {
+  for (TensorView* v : {&w.q_a_norm, &w.kv_a_norm, &w.q_b_proj, &w.w_uk_t, &w.w_uv}) v->device_index = device;
+}
+
+#ifdef MLA_DCP_WITH_NCCL
+void check_nccl(ncclResult_t result, const char* call) {
+  if (result != ncclSuccess) throw Error(std::string(call) + ": " + ncclGetErrorString(result));
+}
+#endif
+
 void run_rank(const Case& c, int rank, const std::string& directory) {
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // Rank k on GPU k % count: GPU 0 for every rank on a one-GPU machine (as before), one GPU a rank on
+  // a machine of D or more GPUs.
+  const int gpu = rank % std::max(1, visible_gpus());
+  ASSERT_EQ(cudaSetDevice(gpu), cudaSuccess);
   const Shape s = shape_for(c.size);
   const uint64_t seed = 1200 + 10 * c.size + (c.graph ? 1 : 0);
   const synth::SyntheticLayer layer = synth::make_layer(c.size * s.heads, seed);
   const StepSequence sequence{layer, c.size, s.interleave, s.heads, s.q, s.requests, s.max_length};
   std::vector<RankWeights> weights;
   for (int k = 0; k < c.size; ++k) weights.emplace_back(layer, k * s.heads, s.heads);
-  const test::DeviceWeights device_weights(weights[rank].host());
+  test::DeviceWeights device_weights(weights[rank].host());
+  place_on(device_weights.weights, gpu);
 
   std::vector<RankStep> steps = step_of(sequence, seed, 0);
-  FileBootstrap bootstrap(directory, rank, c.size, kBootstrapTimeoutMs);
-  IpcDcp group(bootstrap, s.interleave, s.heads, steps[rank].rows, /*device_index=*/0, kWaitTimeoutMs);
-  EXPECT_FALSE(group.stream_ordered());
-  EXPECT_STREQ(group.transport(), "cuda-ipc");
-
-  DeviceRankStep device(steps[rank]);
-  std::vector<std::unique_ptr<PreparedMla>> objects;  // [parity]
-  for (int parity = 0; parity < 2; ++parity) {
-    objects.push_back(std::make_unique<PreparedMla>(
-        device_weights.weights, LayerDims{s.heads, 1e-5f},
-        std::map<int64_t, int64_t>{{steps[rank].rows, steps[rank].pitch}}, TensorView{},
-        PrepareOptions{.dcp = &group, .parity = parity, .queries = {s.q}}));
-    objects.back()->prepare(device.inputs(steps[rank]).cache);
+  FileBootstrap file_bootstrap(directory, rank, c.size, kBootstrapTimeoutMs);
+  DcpBootstrap* bootstrap = &file_bootstrap;
+#ifdef MLA_DCP_WITH_NCCL
+  // Rank 0's ncclUniqueId reaches the others through the FileBootstrap; each rank joins on its GPU.
+  ncclComm_t comm = nullptr;
+  std::unique_ptr<NcclBootstrap> nccl_bootstrap;
+  if (c.nccl) {
+    ncclUniqueId id{};
+    if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::vector<ncclUniqueId> ids(c.size);
+    file_bootstrap.all_gather(&id, sizeof id, ids.data());
+    check_nccl(ncclCommInitRank(&comm, c.size, ids[0], rank), "ncclCommInitRank");
+    nccl_bootstrap = std::make_unique<NcclBootstrap>(comm, gpu);
+    EXPECT_EQ(nccl_bootstrap->rank(), rank);
+    EXPECT_EQ(nccl_bootstrap->size(), c.size);
+    bootstrap = nccl_bootstrap.get();
   }
-  device.upload(steps[rank]);
-  MLA_CUDA_CHECK(cudaDeviceSynchronize());
-  objects[0]->check_step(device.inputs(steps[rank]));
+#else
+  ASSERT_FALSE(c.nccl) << "built without NCCL";
+#endif
+  {  // the group (and the NCCL communicator's users) end before the communicator
+    IpcDcp group(*bootstrap, s.interleave, s.heads, steps[rank].rows, /*device_index=*/gpu, kWaitTimeoutMs);
+    EXPECT_FALSE(group.stream_ordered());
+    EXPECT_STREQ(group.transport(), "cuda-ipc");
 
-  // Every rank prepared before any rank's first step (prepare's warm-up writes its own blocks), and
-  // the first waits do not count a slow peer's start-up against the wait timeout.
-  uint8_t ready = 1;
-  std::vector<uint8_t> all_ready(c.size);
-  bootstrap.all_gather(&ready, 1, all_ready.data());
-
-  cudaStream_t stream;
-  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> graphs;
-  if (c.graph) {
-    // One graph per parity over the fixed step buffers; each replay must advance its epoch.
+    DeviceRankStep device(steps[rank]);
+    auto inputs_of = [&](RankStep& host) {
+      StepInputs in = device.inputs(host);
+      place_on(in, gpu);
+      return in;
+    };
+    std::vector<std::unique_ptr<PreparedMla>> objects;  // [parity]
     for (int parity = 0; parity < 2; ++parity) {
-      cudaGraph_t graph;
-      MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      objects[parity]->run(device.inputs(steps[rank]), stream);
-      MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      cudaGraphExec_t exec;
-      MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      MLA_CUDA_CHECK(cudaGraphDestroy(graph));
-      graphs.push_back(exec);
+      objects.push_back(std::make_unique<PreparedMla>(
+          device_weights.weights, LayerDims{s.heads, 1e-5f},
+          std::map<int64_t, int64_t>{{steps[rank].rows, steps[rank].pitch}}, TensorView{},
+          PrepareOptions{.dcp = &group, .parity = parity, .queries = {s.q}}));
+      objects.back()->prepare(inputs_of(steps[rank]).cache);
     }
-  }
+    device.upload(steps[rank]);
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    objects[0]->check_step(inputs_of(steps[rank]));
 
-  double worst = 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < c.steps; ++i) {
-    const int parity = i % 2;
-    SCOPED_TRACE(::testing::Message() << "rank " << rank << " step " << i << " parity " << parity);
-    if (i > 0) {
-      steps = step_of(sequence, seed, i);
-      device.upload(steps[rank]);  // out poisoned
-      MLA_CUDA_CHECK(cudaDeviceSynchronize());
-    }
+    // Every rank prepared before any rank's first step (prepare's warm-up writes its own blocks), and
+    // the first waits do not count a slow peer's start-up against the wait timeout.
+    uint8_t ready = 1;
+    std::vector<uint8_t> all_ready(c.size);
+    bootstrap->all_gather(&ready, 1, all_ready.data());
+
+    cudaStream_t stream;
+    MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::vector<cudaGraphExec_t> graphs;
     if (c.graph) {
-      MLA_CUDA_CHECK(cudaGraphLaunch(graphs[parity], stream));
-    } else {
-      objects[parity]->run(device.inputs(steps[rank]), stream);
-    }
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::vector<uint16_t> out = device.out.download();
-    const std::vector<uint8_t> cache = device.cache.download();
-
-    std::vector<RankStep> reference = steps;
-    std::vector<Weights> reference_weights;
-    std::vector<StepInputs> views;
-    for (int k = 0; k < c.size; ++k) {
-      reference_weights.push_back(weights[k].host());
-      views.push_back(reference[k].inputs());
-    }
-    ref::run_layer_dcp(reference_weights, LayerDims{s.heads, 1e-5f}, views, s.interleave);
-    const RankStep& mine = steps[rank];
-    const double error = test::worst_out_error(mine.rows, mine.heads, [&](int64_t r) { return mine.zero_row(r); }, out,
-                                               reference[rank].out);
-    worst = test::worse(worst, error);
-    EXPECT_LE(error, test::kOutWholeChainBound);
-    int64_t cache_far = 0;
-    for (size_t b = 0; b < cache.size(); ++b) {
-      if (cache[b] == reference[rank].cache[b]) continue;
-      if (reference[rank].cache[b] == mine.cache[b] || test::e4m3_steps(cache[b], reference[rank].cache[b]) > 1) {
-        ++cache_far;
+      // One graph per parity over the fixed step buffers; each replay must advance its epoch.
+      for (int parity = 0; parity < 2; ++parity) {
+        cudaGraph_t graph;
+        MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        objects[parity]->run(inputs_of(steps[rank]), stream);
+        MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        cudaGraphExec_t exec;
+        MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+        graphs.push_back(exec);
       }
     }
-    EXPECT_EQ(cache_far, 0) << "cache bytes wrong or written outside this rank's slots";
-    if (::testing::Test::HasFailure()) break;
-  }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
-  // The epochs count this rank's steps per parity; every signal word of its blocks reached them.
-  const int buffers_words = 2 * c.size + 1;
-  for (int parity = 0; parity < 2; ++parity) {
-    std::vector<uint32_t> words(buffers_words);
-    MLA_CUDA_CHECK(cudaMemcpy(words.data(), group.peers(parity).signals[rank], words.size() * 4, cudaMemcpyDeviceToHost));
-    const uint32_t runs = static_cast<uint32_t>((c.steps + 1 - parity) / 2);
-    EXPECT_EQ(words[2 * c.size], runs) << "epoch of parity " << parity;
-    for (int w = 0; w < 2 * c.size; ++w) EXPECT_GE(words[w], runs) << "signal word " << w << " of parity " << parity;
-  }
-  for (cudaGraphExec_t exec : graphs) MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MLA_CUDA_CHECK(cudaStreamDestroy(stream));
-  std::printf("SUMMARY rank %d of %d (%s): %d steps, worst per-(row, head) relative L2 error of out %.2e (bound %.1e), "
-              "%.1f ms per step with the CPU reference\n",
-              rank, c.size, c.graph ? "graph replays" : "eager run()", c.steps, worst, test::kOutWholeChainBound,
-              ms / c.steps);
+    double worst = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < c.steps; ++i) {
+      const int parity = i % 2;
+      SCOPED_TRACE(::testing::Message() << "rank " << rank << " step " << i << " parity " << parity);
+      if (i > 0) {
+        steps = step_of(sequence, seed, i);
+        device.upload(steps[rank]);  // out poisoned
+        MLA_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      if (c.graph) {
+        MLA_CUDA_CHECK(cudaGraphLaunch(graphs[parity], stream));
+      } else {
+        objects[parity]->run(inputs_of(steps[rank]), stream);
+      }
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<uint16_t> out = device.out.download();
+      const std::vector<uint8_t> cache = device.cache.download();
+
+      std::vector<RankStep> reference = steps;
+      std::vector<Weights> reference_weights;
+      std::vector<StepInputs> views;
+      for (int k = 0; k < c.size; ++k) {
+        reference_weights.push_back(weights[k].host());
+        views.push_back(reference[k].inputs());
+      }
+      ref::run_layer_dcp(reference_weights, LayerDims{s.heads, 1e-5f}, views, s.interleave);
+      const RankStep& mine = steps[rank];
+      const double error = test::worst_out_error(mine.rows, mine.heads, [&](int64_t r) { return mine.zero_row(r); }, out,
+                                                 reference[rank].out);
+      worst = test::worse(worst, error);
+      EXPECT_LE(error, test::kOutWholeChainBound);
+      int64_t cache_far = 0;
+      for (size_t b = 0; b < cache.size(); ++b) {
+        if (cache[b] == reference[rank].cache[b]) continue;
+        if (reference[rank].cache[b] == mine.cache[b] || test::e4m3_steps(cache[b], reference[rank].cache[b]) > 1) {
+          ++cache_far;
+        }
+      }
+      EXPECT_EQ(cache_far, 0) << "cache bytes wrong or written outside this rank's slots";
+      if (::testing::Test::HasFailure()) break;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
+    // The epochs count this rank's steps per parity; every signal word of its blocks reached them.
+    const int buffers_words = 2 * c.size + 1;
+    for (int parity = 0; parity < 2; ++parity) {
+      std::vector<uint32_t> words(buffers_words);
+      MLA_CUDA_CHECK(cudaMemcpy(words.data(), group.peers(parity).signals[rank], words.size() * 4, cudaMemcpyDeviceToHost));
+      const uint32_t runs = static_cast<uint32_t>((c.steps + 1 - parity) / 2);
+      EXPECT_EQ(words[2 * c.size], runs) << "epoch of parity " << parity;
+      for (int w = 0; w < 2 * c.size; ++w) EXPECT_GE(words[w], runs) << "signal word " << w << " of parity " << parity;
+    }
+    for (cudaGraphExec_t exec : graphs) MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+    std::printf("SUMMARY rank %d of %d on GPU %d (%s, %s): %d steps, worst per-(row, head) relative L2 error of out %.2e (bound %.1e), "
+                "%.1f ms per step with the CPU reference\n",
+                rank, c.size, gpu, c.nccl ? "NcclBootstrap" : "FileBootstrap", c.graph ? "graph replays" : "eager run()", c.steps, worst, test::kOutWholeChainBound,
+                ms / c.steps);
+  }  // group
+#ifdef MLA_DCP_WITH_NCCL
+  if (comm != nullptr) check_nccl(ncclCommDestroy(comm), "ncclCommDestroy");
+#endif
 }
 
 TEST(DcpIpcRank, Child) {
   const char* spec = std::getenv(kChildVariable);
   if (spec == nullptr) GTEST_SKIP() << "runs only as a child process of the DcpMultiProcess tests";
   Case c;
-  int rank = -1, graph = 0;
+  int rank = -1, graph = 0, nccl = 0;
   char directory[4096] = {};
-  ASSERT_EQ(std::sscanf(spec, "%d,%d,%d,%d,%4095s", &c.size, &rank, &graph, &c.steps, directory), 5) << spec;
+  ASSERT_EQ(std::sscanf(spec, "%d,%d,%d,%d,%d,%4095s", &c.size, &rank, &graph, &nccl, &c.steps, directory), 6) << spec;
   c.graph = graph != 0;
+  c.nccl = nccl != 0;
   run_rank(c, rank, directory);
 }
 
@@ -223,8 +285,11 @@ void run_processes(const Case& c) {
   // async-signal-safe calls.
   std::vector<std::string> environment;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind(std::string(kChildVariable) + "=", 0) != 0) environment.push_back(*e);
+    const std::string e_string(*e);
+    if (e_string.rfind(std::string(kChildVariable) + "=", 0) == 0 || e_string.rfind("NCCL_NVLS_ENABLE=", 0) == 0) continue;
+    environment.push_back(*e);
   }
+  environment.push_back("NCCL_NVLS_ENABLE=0");  // never NVLink multicast, whatever the parent had
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string filter = "--gtest_filter=DcpIpcRank.Child";
   std::vector<pid_t> children;
@@ -232,7 +297,7 @@ void run_processes(const Case& c) {
   for (int k = 0; k < c.size; ++k) {
     std::vector<std::string> env = environment;
     env.push_back(std::string(kChildVariable) + "=" + std::to_string(c.size) + "," + std::to_string(k) + "," +
-                  (c.graph ? "1" : "0") + "," + std::to_string(c.steps) + "," + exchange);
+                  (c.graph ? "1" : "0") + "," + (c.nccl ? "1" : "0") + "," + std::to_string(c.steps) + "," + exchange);
     std::vector<char*> envp;
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -312,6 +377,77 @@ TEST(DcpMultiProcess, FourRanksReplayCapturedGraphs) {
   MLA_REQUIRE_GPU();
   run_processes({.size = 4, .graph = true, .steps = 10});
 }
+
+#ifdef MLA_DCP_WITH_NCCL
+// ---- Ranks on different GPUs over NcclBootstrap (mla_gpu_dcp_nccl_tests) -----------------------------
+
+// One rank a GPU: NCCL refuses two ranks of a communicator on one GPU, so D ranks need D GPUs.
+#define MLA_REQUIRE_GPUS(n)                                                                            \
+  do {                                                                                                 \
+    MLA_REQUIRE_GPU();                                                                                 \
+    if (visible_gpus() < (n)) {                                                                        \
+      GTEST_SKIP() << "needs " << (n) << " GPUs (one rank a GPU over NCCL), " << visible_gpus()     \
+                   << " visible: not run";                                                           \
+    }                                                                                                  \
+  } while (0)
+
+// A 1-rank communicator: what one GPU can check of NcclBootstrap.
+TEST(DcpNcclBootstrap, OneRankAllGatherReturnsTheBytes) {
+  MLA_REQUIRE_GPU();
+  ASSERT_EQ(setenv("NCCL_NVLS_ENABLE", "0", 1), 0);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm = nullptr;
+  int devices[1] = {0};
+  check_nccl(ncclCommInitAll(&comm, 1, devices), "ncclCommInitAll");
+  {
+    NcclBootstrap bootstrap(comm, 0);
+    EXPECT_EQ(bootstrap.rank(), 0);
+    EXPECT_EQ(bootstrap.size(), 1);
+    synth::Rng rng(77);
+    for (size_t bytes : {size_t{1}, size_t{128}, size_t{4099}}) {
+      std::vector<uint8_t> mine(bytes), gathered(bytes, 0);
+      for (uint8_t& b : mine) b = static_cast<uint8_t>(rng());
+      bootstrap.all_gather(mine.data(), bytes, gathered.data());
+      EXPECT_EQ(gathered, mine) << bytes << " bytes";
+    }
+    // A 1-rank group is no DCP group: IpcDcp names the size.
+    try {
+      IpcDcp group(bootstrap, 64, 12, 4, 0);
+      ADD_FAILURE() << "IpcDcp over a 1-rank bootstrap did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("size"), std::string::npos) << e.what();
+    }
+  }
+  check_nccl(ncclCommDestroy(comm), "ncclCommDestroy");
+  try {
+    NcclBootstrap bootstrap(nullptr, 0);
+    ADD_FAILURE() << "NcclBootstrap(nullptr) did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("comm"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DcpMultiGpu, TwoRanks) {
+  MLA_REQUIRE_GPUS(2);
+  run_processes({.size = 2, .graph = false, .steps = 20, .nccl = true});
+}
+TEST(DcpMultiGpu, TwoRanksReplayCapturedGraphs) {
+  MLA_REQUIRE_GPUS(2);
+  run_processes({.size = 2, .graph = true, .steps = 10, .nccl = true});
+}
+TEST(DcpMultiGpu, FourRanks) {
+  MLA_REQUIRE_GPUS(4);
+  run_processes({.size = 4, .graph = false, .steps = 20, .nccl = true});
+}
+TEST(DcpMultiGpu, EightRanks) {
+  MLA_REQUIRE_GPUS(8);
+  run_processes({.size = 8, .graph = false, .steps = 20, .nccl = true});
+}
+TEST(DcpMultiGpu, EightRanksReplayCapturedGraphs) {
+  MLA_REQUIRE_GPUS(8);
+  run_processes({.size = 8, .graph = true, .steps = 10, .nccl = true});
+}
+#endif  // MLA_DCP_WITH_NCCL
 
 }  // namespace
 }  // namespace mla
