@@ -4,9 +4,12 @@
 // z = request. Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
 // attention rows the N side, so H·q = 16 runs an m64n16 tile without padding. Per page:
 //   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
-//      16-byte cp.async, stored in the K-major 64-byte-swizzle layout that wgmma reads);
-//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows (m64nNk32 e4m3, both operands
-//      from shared memory, 18 k-steps, fp32 accumulate);
+//      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
+//      keeps the ldmatrix of K and the V loads conflict-free);
+//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows, warp wi its 16 tokens, with
+//      mma.sync m16n8k32 e4m3 (fp32 accumulate: exact; FP8 wgmma accumulates with ~14 bits and missed
+//      the LSE bound), K and the query tile by ldmatrix from shared memory, 18 k-steps in two chains;
+//      the m16n8 C fragments are the warp's slice of an m64nN accumulator;
 //   3. online softmax in base 2 over the tokens (the M side: quad shuffles, then the 4 warps of the
 //      warpgroup through shared memory); P^T in fp16 into a 128-byte-swizzle shared tile, the per-row
 //      rescale factor beside it; one CTA barrier;
@@ -32,10 +35,9 @@ namespace wgmma_detail {
 
 // Shared-memory matrix descriptor (PTX "matrix-descriptor"): start address, leading byte offset 1
 // (unused by the swizzled K-major layouts), stride byte offset = bytes between 8-row groups, layout
-// 1 = 128-byte swizzle, 2 = 64-byte swizzle. The base-offset field stays 0: every swizzle atom is
-// aligned to its repeat (512 B / 1024 B), and a k-step inside an atom only moves the start address.
+// 1 = 128-byte swizzle (P^T). The base-offset field stays 0: every swizzle atom is aligned to its
+// repeat (1024 B), and a k-step inside an atom only moves the start address.
 inline constexpr uint32_t kSwizzle128 = 1;
-inline constexpr uint32_t kSwizzle64 = 2;
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t stride_bytes, uint32_t layout) {
   return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
          (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (static_cast<uint64_t>(layout) << 62);
@@ -44,11 +46,7 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t st
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-template <int kPending>  // waits until at most kPending committed groups are still running
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-// Generic-proxy shared stores (query tile, P^T) become visible to wgmma (the async proxy).
+// Generic-proxy shared stores (P^T) become visible to wgmma (the async proxy).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -58,40 +56,9 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// D(64 x N) += A(64 x 32) · B(N x 32)^T, e4m3, both from shared memory (K-major), fp32 accumulate.
-// scale_d = 0: D = A·B (the accumulator's old contents are ignored).
-template <int N>
-__device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
 // D(64 x N) += A(64 x 16) · B(N x 16)^T, f16, A from registers, B from shared memory (K-major).
 template <int N>
 __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
-
-template <>
-__device__ __forceinline__ void wgmma_qk<8>(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_qk<16>(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_qk<32>(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
 
 template <>
 __device__ __forceinline__ void wgmma_pv<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -132,8 +99,6 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   constexpr int kRowsWg = kTileN / 2;  // S^T rows (N) of one warpgroup
   constexpr int kGroupsS = kRowsWg / 8;  // n8 groups of the S^T accumulator
   constexpr int kGroupsO = kTileN / 8;   // n8 groups of each O^T accumulator
-  // Q·K^T k-steps in flight (registers: kQkBuffers x kTileN / 4 per thread; the 64-row tile has none to spare).
-  constexpr int kQkBuffers = kTileN == 64 ? 2 : 4;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
   // NOTE: the swizzle atoms assume a 1024-byte aligned base (the dynamic window starts after the
@@ -211,10 +176,21 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + chunk * 16));
     *reinterpret_cast<uint4*>(&smem.q[chunk / 4][r][((chunk % 4) ^ ((r >> 1) & 3)) << 4]) = v;
   }
-  fence_proxy_async();
   __syncthreads();
 
-  const uint32_t q_addr = smem_addr(&smem.q[0][0][0]) + wg * kRowsWg * kSw64Bytes;
+  // ldmatrix.x4 lane addresses (lane l gives row l % 8 of matrix l / 8) through the 64-byte swizzle:
+  // byte 16·chunk of row r in column block kb sits at kb·blockbytes + 64·r + 16·(chunk ^ ((r >> 1) & 3)),
+  // and k-step ks covers chunks 2·(ks % 2) + {0, 1} of block ks / 2.
+  // A = K (row-major m16 x k32): matrices (tokens 0-7 | 8-15 of the warp) x (chunk 0 | 1 of the k-step),
+  // so a0..a3 = rows g / g + 8, bytes 4c.. / 16 + 4c.. as m16n8k32 wants.
+  const int a_token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
+  const int a_lane_row = a_token * kSw64Bytes;
+  const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+  const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+  // B = Q^T ("col": tile row n with k contiguous): matrices = chunks 0..3 of the column block for rows
+  // 8j + l % 8 of this warpgroup (b0, b1 of the even k-step, then of the odd one). The row groups start
+  // at multiples of 8, so the swizzle term is ((l % 8) >> 1) & 3.
+  const uint8_t* q_lane = &smem.q[0][wg * kRowsWg + lane % 8][0] + (((lane / 8) ^ (((lane % 8) >> 1) & 3)) << 4);
   float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
@@ -227,12 +203,6 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     m_run[j][0] = m_run[j][1] = -INFINITY;
     l_run[j][0] = l_run[j][1] = 0.0f;
   }
-  // S^T k-step accumulators (each k-step overwrites one: scale_d = 0), summed into s in fp32.
-  float s_step[kQkBuffers][kGroupsS * 4];
-#pragma unroll
-  for (int b = 0; b < kQkBuffers; ++b)
-#pragma unroll
-    for (int e = 0; e < kGroupsS * 4; ++e) s_step[b][e] = 0.0f;
   const float scale_log2 = p.softmax_scale_log2;
   const int token_a = 16 * wi + g;  // this thread's two tokens of a page (S^T rows)
   const int token_b = token_a + 8;
@@ -248,40 +218,38 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], (it / kStages) & 1);
     const uint32_t kv_addr = smem_addr(smem.kv[stage]);
 
-    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows.
-    // NOTE: FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3 §3.3.2): one 18-step chain
-    // measured LSE errors up to 5e-3 and latent errors up to 1.4e-2 (bounds 1e-3, 2.5e-3). So every
-    // k-step (32 products) goes into its own accumulator, summed in fp32 while the next k-steps run
-    // (kQkBuffers in flight; this also breaks the dependent chain of small-N MMAs).
-    float s[kGroupsS * 4];
+    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows: warp wi takes its 16 tokens (one
+    // m16 A tile) x the kRowsWg rows (kGroupsS n8 B tiles) with mma.sync m16n8k32 e4m3 (fp32
+    // accumulate). The m16n8 C fragment is exactly warp wi's slice of an m64nN wgmma accumulator, so
+    // the softmax below reads it as before. NOTE: not FP8 wgmma: Hopper FP8 wgmma accumulates with
+    // ~14 significant bits (DeepSeek-V3 §3.3.2); one 18-step chain measured LSE errors up to 5e-3,
+    // one fresh accumulator per k-step still 1.08e-3 (peaky logits; bound 1e-3). mma.sync FP8 is exact
+    // to ~1e-6. Two chains per n8 tile (even / odd k-steps) halve the dependent MMA sequence.
+    float s[kGroupsS][4];
+    {
+      float s_odd[kGroupsS][4];
 #pragma unroll
-    for (int ks = 0; ks < kQkSteps; ++ks) {
-      const uint32_t k_off = (ks / 2) * kPageBlockBytes + (ks % 2) * 32;
-      const uint32_t q_off = (ks / 2) * (kTileN * kSw64Bytes) + (ks % 2) * 32;
-      wgmma_fence();  // s_step[ks % kQkBuffers] was read by the fp32 sum below
-      wgmma_qk<kRowsWg>(s_step[ks % kQkBuffers], gmma_desc(kv_addr + k_off, 8 * kSw64Bytes, kSwizzle64),
-                        gmma_desc(q_addr + q_off, 8 * kSw64Bytes, kSwizzle64), 0);
-      wgmma_commit();
-      const int done = ks - (kQkBuffers - 1);  // the k-step whose accumulator is complete now
-      if (done >= 0) {
-        wgmma_wait<kQkBuffers - 1>();
-        float(&r)[kGroupsS * 4] = s_step[done % kQkBuffers];
+      for (int j = 0; j < kGroupsS; ++j)
 #pragma unroll
-        for (int e = 0; e < kGroupsS * 4; ++e) {
-          fence_operand(r[e]);
-          s[e] = done == 0 ? r[e] : s[e] + r[e];
+        for (int e = 0; e < 4; ++e) s[j][e] = s_odd[j][e] = 0.0f;
+      const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
+#pragma unroll 3
+      for (int kb = 0; kb < kKeyBlocks; ++kb) {
+        uint32_t a_even[4], a_odd[4];  // k-steps 2kb (chunks 0, 1) and 2kb + 1 (chunks 2, 3)
+        ldmatrix_x4(a_even, k_lane + kb * kPageBlockBytes + a_chunk_even);
+        ldmatrix_x4(a_odd, k_lane + kb * kPageBlockBytes + a_chunk_odd);
+#pragma unroll
+        for (int j = 0; j < kGroupsS; ++j) {
+          uint32_t b[4];  // b0, b1 of k-step 2kb, then of 2kb + 1
+          ldmatrix_x4(b, q_lane + kb * (kTileN * kSw64Bytes) + j * 8 * kSw64Bytes);
+          mma_e4m3(s[j], a_even, b[0], b[1]);
+          mma_e4m3(s_odd[j], a_odd, b[2], b[3]);
         }
       }
-    }
-    wgmma_wait<0>();
 #pragma unroll
-    for (int done = kQkSteps - (kQkBuffers - 1); done < kQkSteps; ++done) {
-      float(&r)[kGroupsS * 4] = s_step[done % kQkBuffers];
+      for (int j = 0; j < kGroupsS; ++j)
 #pragma unroll
-      for (int e = 0; e < kGroupsS * 4; ++e) {
-        fence_operand(r[e]);
-        s[e] = done == 0 ? r[e] : s[e] + r[e];
-      }
+        for (int e = 0; e < 4; ++e) s[j][e] += s_odd[j][e];
     }
 
     // 3b. Scale to base-2 logits and mask (only pages reaching past a causal bound or the length).
@@ -290,7 +258,9 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
                            global_position(page_token0 + kPageSize - 1, p) <= bound_min;
     float x[kGroupsS * 4];
 #pragma unroll
-    for (int e = 0; e < kGroupsS * 4; ++e) x[e] = s[e] * scale_log2;
+    for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[4 * j + e] = s[j][e] * scale_log2;
     if (!full_page) {
       const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
       const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
