@@ -5,12 +5,16 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]
-// The last shapes are varlen batches: lengths spread +-50 % around the mean context.
+//              [--small-batch] [--splits N ...]
+// The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
+// times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96), and
+// each --splits N forces that split count (0 = planned) to find where the split plan should stop.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -66,7 +70,7 @@ struct Result {
   int splits, stages, ctas_per_sm, kernel, tile_rows;
 };
 
-Result bench_shape(const Shape& s, const Variant& variant, double copy_gbs) {
+Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -105,6 +109,7 @@ Result bench_shape(const Shape& s, const Variant& variant, double copy_gbs) {
   shape.max_context = max_length;
   shape.kernel = variant.kernel;
   shape.stages = variant.stages;
+  shape.num_splits = num_splits;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
 
@@ -155,6 +160,8 @@ Result bench_shape(const Shape& s, const Variant& variant, double copy_gbs) {
 int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<Variant> variants;
+  std::vector<int> split_counts;
+  bool small_batch = false;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
@@ -168,22 +175,33 @@ int main(int argc, char** argv) {
           known = true;
         }
       }
+    } else if (!std::strcmp(argv[i], "--small-batch")) {
+      small_batch = known = true;
+    } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
+      split_counts.push_back(std::atoi(argv[++i]));
+      known = split_counts.back() >= 0;
     }
     if (!known) {
-      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]\n");
+      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...] [--small-batch] [--splits N ...]\n");
       return 2;
     }
   }
   if (variants.empty()) variants.push_back(kVariants[0]);
+  if (split_counts.empty()) split_counts.push_back(0);
   try {
     cudaDeviceProp prop;
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double copy_gbs = mla::timing::measure_copy_gbs(nullptr);
-    const std::vector<Shape> shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
+    const std::vector<Shape> small_shapes = {{1, 4096, 12, 1},  {4, 4096, 12, 1},  {16, 4096, 12, 1},
+                                             {1, 32768, 12, 1}, {4, 32768, 12, 1}, {16, 32768, 12, 1},
+                                             {1, 4096, 96, 1},  {4, 4096, 96, 1},  {16, 4096, 96, 1},
+                                             {4, 32768, 96, 1}};
+    const std::vector<Shape> issue_shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
                                        {64, 8192, 16, 4},  {1, 131072, 16, 1}, {1, 1 << 20, 12, 1},
                                        {32, 32768, 12, 1}, {16, 65536, 96, 4},
                                        // varlen batches: lengths spread +-50 % around the mean
                                        {128, 4096, 16, 1, 0.5}, {64, 8192, 16, 4, 0.5}, {32, 32768, 12, 1, 0.5}};
+    const std::vector<Shape>& shapes = small_batch ? small_shapes : issue_shapes;
     std::string table;
     char line[512];
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
@@ -193,14 +211,16 @@ int main(int argc, char** argv) {
     table += "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
-        const Result r = bench_shape(s, variant, copy_gbs);
-        std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
-                      s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
-                      r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : "wgmma", r.tile_rows, r.stages,
-                      r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
-        table += line;
-        std::fputs(line, stdout);
-        std::fflush(stdout);
+        for (int num_splits : split_counts) {
+          const Result r = bench_shape(s, variant, num_splits, copy_gbs);
+          std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
+                        s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
+                        r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : "wgmma", r.tile_rows, r.stages,
+                        r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
+          table += line;
+          std::fputs(line, stdout);
+          std::fflush(stdout);
+        }
       }
     }
     std::printf("\n%s", table.c_str());
