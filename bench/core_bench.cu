@@ -7,7 +7,7 @@
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]
 //              [--small-batch] [--splits N ...]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
-// times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96), and
+// times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4), and
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop.
 #include <cuda_runtime.h>
 
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     const std::vector<Shape> small_shapes = {{1, 4096, 12, 1},  {4, 4096, 12, 1},  {16, 4096, 12, 1},
                                              {1, 32768, 12, 1}, {4, 32768, 12, 1}, {16, 32768, 12, 1},
                                              {1, 4096, 96, 1},  {4, 4096, 96, 1},  {16, 4096, 96, 1},
-                                             {4, 32768, 96, 1}};
+                                             {4, 32768, 96, 1}, {16, 4096, 12, 2}, {4, 32768, 12, 4}};
     const std::vector<Shape> issue_shapes = {{128, 4096, 16, 1}, {128, 4096, 64, 1}, {128, 4096, 128, 1},
                                        {64, 8192, 16, 4},  {1, 131072, 16, 1}, {1, 1 << 20, 12, 1},
                                        {32, 32768, 12, 1}, {16, 65536, 96, 4},

@@ -55,14 +55,14 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
 
 int threads_for(int kernel) { return kernel == kKernelMmaSync ? kNumThreads : kWgThreads; }
 
-// Split count so that (work items x splits) CTAs fill whole waves of the machine: at least one CTA
-// per SM, then the smallest count reaching 95 % wave efficiency, else the best one; never more splits
-// than pages of max_context.
-int choose_splits(int64_t work, int64_t num_sms, int64_t slots, int64_t max_splits) {
-  const int64_t first = std::min(max_splits, std::max<int64_t>(1, (num_sms + work - 1) / work));
-  int best = static_cast<int>(first);
+// Split count so that (work items x splits) CTAs fill whole waves of the machine: the smallest count
+// reaching 95 % wave efficiency, else the best one. NOTE: counted from one split up, not from "at least
+// one CTA per SM": one wave of 128 CTAs on 132 slots beat two waves of 256 (wgmma, 16x4k x96: 4 splits
+// 102 µs, 8 splits 112 µs). The caller bounds the count by the pages a split must keep.
+int choose_splits(int64_t work, int64_t slots, int64_t max_splits) {
+  int best = 1;
   double best_eff = 0.0;
-  for (int64_t s = first; s <= max_splits; ++s) {
+  for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t ctas = work * s;
     const int64_t waves = (ctas + slots - 1) / slots;
     const double eff = static_cast<double>(ctas) / static_cast<double>(waves * slots);
@@ -114,11 +114,11 @@ CorePlan plan_core(const CoreShape& shape) {
 
   CorePlan plan;
   plan.shape = shape;
-  // NOTE: mma.sync stays the default until the wgmma kernel passes the GPU core tests: its first
-  // device run (one 18-step FP8 wgmma chain) missed the bounds (LSE 5e-3, latent 1.4e-2); the fix
-  // (one accumulator per k-step, fp32 sums) has not run on a GPU yet.
-  plan.kernel = shape.kernel == 0 ? kKernelMmaSync : shape.kernel;
+  // NOTE: the wgmma kernel (one CTA reads a page once for up to 64 folded rows) from 17 rows up; the
+  // mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster (128x4k x16: 148 vs
+  // 194 µs; wgmma at 128x4k x64: 398 vs 485 µs, x128: 666 vs 941 µs; bench/results/core.md).
   const int rows_m = shape.q * shape.heads;
+  plan.kernel = shape.kernel != 0 ? shape.kernel : rows_m <= kBlockM ? kKernelMmaSync : kKernelWgmma;
   if (plan.kernel == kKernelMmaSync) {
     if (shape.tile_rows != 0 && shape.tile_rows != kBlockM) {
       throw_bad_argument("CoreShape.tile_rows", "0 or 16 for mma.sync", std::to_string(shape.tile_rows));
@@ -145,7 +145,10 @@ CorePlan plan_core(const CoreShape& shape) {
 
   plan.m_tiles = (rows_m + plan.tile_rows - 1) / plan.tile_rows;
   const int64_t max_pages = (shape.max_context + kPageSize - 1) / kPageSize;
-  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_pages);
+  // NOTE: at least two pages a split, so that each split overlaps a page's load with the previous
+  // page's math; one-page splits also double the fp32 partials the combine reads (measured 4x4k x12:
+  // 63 one-page splits 17.8 µs, 32 two-page splits 13.8 µs; bench/results/core.md, small batches).
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_pages / 2));
   if (shape.num_splits > 0) {
     if (shape.num_splits > kMaxSplits) {
       throw_bad_argument("CoreShape.num_splits", "<= " + std::to_string(kMaxSplits),
@@ -153,8 +156,7 @@ CorePlan plan_core(const CoreShape& shape) {
     }
     plan.num_splits = shape.num_splits;
   } else {
-    plan.num_splits = choose_splits(requests * plan.m_tiles, plan.num_sms,
-                                    int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
+    plan.num_splits = choose_splits(requests * plan.m_tiles, int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
   plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),

@@ -323,7 +323,8 @@ TEST(CorePlan, FillsTheMachine) {
   const core::CorePlan one = core::plan_core({.rows = 1, .heads = 12, .q = 1, .max_context = 1 << 20});
   EXPECT_GE(int64_t{one.num_splits} * one.m_tiles, one.num_sms);
   const core::CorePlan short_ctx = core::plan_core({.rows = 1, .heads = 12, .q = 1, .max_context = 256});
-  EXPECT_LE(short_ctx.num_splits, 4);
+  EXPECT_LE(short_ctx.num_splits, 2);  // at least two pages a split
+  EXPECT_LE(core::plan_core({.rows = 4, .heads = 12, .q = 1, .max_context = 4096}).num_splits, 32);
   const core::CorePlan big = core::plan_core({.rows = 128, .heads = 16, .q = 1, .max_context = 4096});
   EXPECT_GE(int64_t{big.num_splits} * big.m_tiles * 128, big.num_sms);
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
@@ -332,6 +333,11 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 3}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
+  // The planned kernel: mma.sync up to 16 folded rows (H·q), wgmma above.
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1}).kernel, core::kKernelMmaSync);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 1}).kernel, core::kKernelMmaSync);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).kernel, core::kKernelWgmma);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 96, .q = 1}).kernel, core::kKernelWgmma);
   // The planned wgmma tile is the smallest holding q*heads, 64 above.
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
