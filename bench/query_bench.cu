@@ -4,9 +4,8 @@
 // and the bf16 matrix rate measured in the same run.
 //
 //   query_bench                    the issue's table: H in {12,16,64,96,128} x rows in {1,4,16,64,256}
-//   query_bench --sweep            then, for every shape of the table: the fused kernel at every
-//                                  cluster size (and row tile 32 at >= 64 rows) and the two-kernel
-//                                  path's default plan
+//   query_bench --sweep            then, for every shape of the table: the kernel at every cluster
+//                                  size and at the row tiles 32 and 64 from 64 rows up
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -172,7 +171,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
     } else {
-      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every fused cluster size (and the two-kernel path) per shape\n");
+      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every cluster size and row tile per shape\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -203,21 +202,22 @@ int main(int argc, char** argv) {
       const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
       std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | R=%d C=%d grid=%ux%ux%u |\n", H, rows, fused, gbs,
                   100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, plan.row_tile,
-                  plan.cluster_size, plan.fused_grid.x, plan.fused_grid.y, plan.fused_grid.z);
+                  plan.cluster_size, plan.grid.x, plan.grid.y, plan.grid.z);
       std::fflush(stdout);
       free_problem(p);
     }
   }
   if (sweep) {
-    std::printf("\n## sweep: us by fused row tile R / cluster size C, and the two-kernel path (2k, its default plan)\n");
+    std::printf("\n## sweep: us by row tile R / cluster size C\n");
     for (int H : heads) {
       for (int rows : row_counts) {
         Problem p = make_problem(rows, H, stream);
         std::printf("H=%3d rows=%3d:", H, rows);
         const int planned_tile = query::make_query_plan(rows, H).row_tile;
-        for (int row_tile : {planned_tile, 32}) {
-          if (row_tile == 32 && (rows < 64 || planned_tile == 32)) continue;
-          for (int cluster : {1, 2, 4, 8, 16}) {
+        for (int row_tile : {planned_tile, 32, 64}) {
+          if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) continue;
+          if (row_tile == 64 && planned_tile == 64) continue;
+          for (int cluster : {1, 2, 4, 8}) {
             query::QueryPlan plan;
             try {
               plan = query::make_query_plan(rows, H, {.cluster_size = cluster, .row_tile = row_tile});
@@ -227,8 +227,6 @@ int main(int argc, char** argv) {
             std::printf("  R%d/C%d %.2f", row_tile, cluster, time_fused(p, plan, workspace, stream));
           }
         }
-        const query::QueryPlan two = query::make_query_plan(rows, H, {.two_kernel = 1});
-        if (two.workspace_bytes <= (size_t(64) << 20)) std::printf("  2k %.2f", time_fused(p, two, workspace, stream));
         std::printf("\n");
         std::fflush(stdout);
         free_problem(p);

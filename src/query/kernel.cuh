@@ -22,13 +22,12 @@
 #include <cstdint>
 
 #include "query/config.h"
-#include "query/kernel.cuh"
+#include "query/device_utils.cuh"
 #include "query/params.h"
 
 namespace mla::query {
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_committed() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
@@ -278,7 +277,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       }
     }
   }
-  cp_async_wait_committed();
+  cp_async_wait_all();
   __syncthreads();           // s_q and s_w complete
   cluster_arrive_release();  // this CTA has read its peers' partials; matched by the wait at the end
 

@@ -7,30 +7,15 @@
 #include "mla/dims.h"
 #include "mla/error.h"
 #include "query/config.h"
-#include "query/fused_kernel.cuh"
 #include "query/kernel.cuh"
 
 namespace mla::query {
 namespace {
 
-bool divides_chunks(int splits) { return splits >= 1 && kNumKChunks % splits == 0; }
-
-// The one table of proj_kernel instantiations: row tile -> kernel.
-using ProjKernel = void (*)(QueryParams);
-ProjKernel proj_kernel_for(int row_tile) {
-  switch (row_tile) {
-    case 8: return proj_kernel<1>;
-    case 16: return proj_kernel<2>;
-    case 32: return proj_kernel<4>;
-    case 64: return proj_kernel<8>;
-  }
-  throw_bad_argument("row_tile", "8, 16, 32 or 64", std::to_string(row_tile));
-}
-
-int round_up8(int64_t x) { return int((x + 7) / 8 * 8); }
+using FusedKernel = void (*)(QueryParams);
 
 template <int kRowTile, int kCluster>
-ProjKernel fused_instance() {
+FusedKernel fused_instance() {
   if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta) {
     return fused_query_kernel<kRowTile / 8, kCluster>;
   } else {
@@ -40,8 +25,9 @@ ProjKernel fused_instance() {
 
 // The one table of fused_query_kernel instantiations: (row tile, cluster size) -> kernel, or null
 // where the shared-memory plan does not fit (C = 1 holds at most 16 rows) or the pair is not one.
-ProjKernel fused_kernel_for(int row_tile, int cluster) {
-  auto for_rows = [row_tile](auto c) -> ProjKernel {
+// NOTE: no C = 16 (non-portable clusters): it was the slowest size at every shape of the sweep.
+FusedKernel fused_kernel_for(int row_tile, int cluster) {
+  auto for_rows = [row_tile](auto c) -> FusedKernel {
     constexpr int kC = decltype(c)::value;
     switch (row_tile) {
       case 8: return fused_instance<8, kC>();
@@ -56,19 +42,17 @@ ProjKernel fused_kernel_for(int row_tile, int cluster) {
     case 2: return for_rows(std::integral_constant<int, 2>{});
     case 4: return for_rows(std::integral_constant<int, 4>{});
     case 8: return for_rows(std::integral_constant<int, 8>{});
-    case 16: return for_rows(std::integral_constant<int, 16>{});
   }
   return nullptr;
 }
 
-bool valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8 || c == 16; }
+bool valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8; }
 
 // Sets the fused kernel's attributes for (row tile, C) and returns how many of its clusters can be
 // resident at once (0: the configuration cannot run on this device).
 int prepare_fused(int row_tile, int cluster, size_t smem) {
-  ProjKernel kernel = fused_kernel_for(row_tile, cluster);
+  FusedKernel kernel = fused_kernel_for(row_tile, cluster);
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  if (cluster > 8) MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(cluster);
@@ -88,48 +72,49 @@ int prepare_fused(int row_tile, int cluster, size_t smem) {
   return clusters;
 }
 
-// Fused plan: rows per cluster from the batch, then the cluster size C.
-// NOTE: the kernel streams weights, so its time is about (rounds of resident clusters) x (bytes per
-// CTA, which scale as 1/C); the planner minimizes that product, preferring the smaller C on ties
-// (each CTA norms all rows of its tile and reads C partial tiles). Measured: bench/results/query.md.
+// The plan: rows per cluster from the batch, then the cluster size C.
+// NOTE: chosen by measurement (bench/results/query.md, the sweep of every (R, C) at H {12, 16, 64, 96,
+// 128} x rows {1, 4, 16, 64, 256}); this rule picks the fastest measured pair at every one of them:
+//   R = 8 / 16 up to 16 rows; 32 up to 64 rows (two 32-row tiles beat one 64-row tile: the norm and
+//   the projection of a tile are serial in its CTAs); 64 above (fewer re-reads of the weights);
+//   C = the largest of 8, 4, 2, 1 whose CTAs (H x row tiles x C) fit in one wave of the SMs, where
+//   clusters of 4 and 8 must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
+//   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
+//   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
+//   whose shared memory holds R otherwise (C = 2 from 32 rows).
 void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int64_t rows = plan.rows;
-  if (overrides.num_splits || overrides.absorb_cols || overrides.trigger)
-    throw_bad_argument("num_splits/absorb_cols/trigger", "0 for the fused kernel (two-kernel path only)",
-                       std::to_string(overrides.num_splits) + "/" + std::to_string(overrides.absorb_cols) + "/" +
-                           std::to_string(overrides.trigger));
   if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
       overrides.row_tile != 64)
     throw_bad_argument("row_tile", "8, 16, 32 or 64", std::to_string(overrides.row_tile));
   if (overrides.cluster_size && !valid_cluster(overrides.cluster_size))
-    throw_bad_argument("cluster_size", "1, 2, 4, 8 or 16", std::to_string(overrides.cluster_size));
-  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64);
+    throw_bad_argument("cluster_size", "1, 2, 4 or 8", std::to_string(overrides.cluster_size));
+  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
   const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
   const int64_t clusters = int64_t(row_tiles) * plan.num_heads;
   int cluster = overrides.cluster_size;
   if (!cluster) {
-    double best = 0;
-    for (int c : {1, 2, 4, 8, 16}) {
+    int device = 0, num_sms = 0;
+    MLA_CUDA_CHECK(cudaGetDevice(&device));
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    for (int c : {8, 4, 2, 1}) {
       if (fused_kernel_for(plan.row_tile, c) == nullptr) continue;
       const int active = prepare_fused(plan.row_tile, c, FusedSmemPlan{plan.row_tile, c}.bytes());
       if (active < 1) continue;
-      const double cost = double((clusters + active - 1) / active) / c;
-      if (!cluster || cost < best * 0.999) {
-        cluster = c;
-        best = cost;
-      }
+      cluster = c;  // the smallest feasible C so far: the fallback when none fits one wave
+      const int64_t ctas = clusters * c;
+      const int64_t budget = c >= 4 ? num_sms * 3 / 4 : num_sms;
+      if (ctas <= budget && clusters <= active) break;
     }
   }
-  if (fused_kernel_for(plan.row_tile, cluster) == nullptr)
+  if (cluster == 0 || fused_kernel_for(plan.row_tile, cluster) == nullptr)
     throw_bad_argument("cluster_size", "a size whose shared memory fits " + std::to_string(plan.row_tile) + " rows",
                        std::to_string(cluster));
   plan.cluster_size = cluster;
-  plan.fused_grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads));
-  plan.fused_smem = FusedSmemPlan{plan.row_tile, cluster}.bytes();
-  if (prepare_fused(plan.row_tile, cluster, plan.fused_smem) < 1)
+  plan.grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads));
+  plan.smem_bytes = FusedSmemPlan{plan.row_tile, cluster}.bytes();
+  if (prepare_fused(plan.row_tile, cluster, plan.smem_bytes) < 1)
     throw_bad_argument("cluster_size", "a cluster this device can schedule", std::to_string(cluster));
-  plan.num_splits = 1;
-  plan.split_len = kQLoraRank;
   plan.workspace_bytes = overrides.store_q ? size_t(rows) * plan.num_heads * kQkHeadDim * sizeof(float) : 0;
 }
 
@@ -137,16 +122,8 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
 
 std::string QueryPlan::describe() const {
   std::ostringstream s;
-  if (fused) {
-    s << "rows=" << rows << " H=" << num_heads << " fused row_tile=" << row_tile << " cluster=" << cluster_size
-      << " grid=" << fused_grid.x << "x" << fused_grid.y << "x" << fused_grid.z << " smem=" << fused_smem
-      << " workspace=" << workspace_bytes;
-    return s.str();
-  }
-  s << "two-kernel rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " splits=" << num_splits << " trigger=" << (trigger_early ? "early" : "late")
-    << " proj_grid=" << proj_grid.x << "x" << proj_grid.y << "x" << proj_grid.z << " absorb_cols=" << absorb_cols
-    << " absorb_rows=" << absorb_rows << " absorb_grid=" << absorb_grid.x << "x" << absorb_grid.y << "x"
-    << absorb_grid.z << " workspace=" << workspace_bytes;
+  s << "rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " cluster=" << cluster_size
+    << " grid=" << grid.x << "x" << grid.y << "x" << grid.z << " smem=" << smem_bytes << " workspace=" << workspace_bytes;
   return s.str();
 }
 
@@ -156,75 +133,7 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
   QueryPlan plan;
   plan.rows = rows;
   plan.num_heads = num_heads;
-  if (overrides.two_kernel < 0 || overrides.two_kernel > 1)
-    throw_bad_argument("two_kernel", "0 or 1", std::to_string(overrides.two_kernel));
-  plan.fused = overrides.two_kernel == 0;
-  if (plan.fused) {
-    plan_fused(plan, overrides);
-    return plan;
-  }
-  if (overrides.cluster_size || overrides.store_q)
-    throw_bad_argument("cluster_size/store_q", "0 for the two-kernel path", std::to_string(overrides.cluster_size));
-
-  // ---- proj_kernel: row tile, then the K split that keeps every SM streaming weights ----
-  // NOTE: the table below is the best of a sweep on an H200 (src/query/README.md): few rows are
-  // weight-bandwidth bound and want many CTAs; each CTA pays the RMSNorm of its rows (an L2 read of
-  // 3 KB per row), so more splits stop paying once the norm traffic matches the weight slice.
-  plan.row_tile = overrides.row_tile ? overrides.row_tile
-                                     : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 64 : 32);
-  (void)proj_kernel_for(plan.row_tile);
-  const int num_row_chunks = int((rows + plan.row_tile - 1) / plan.row_tile);
-  const int feature_groups = (num_heads * kTilesPerHead + kProjWarps - 1) / kProjWarps;
-  if (overrides.num_splits) {
-    if (!divides_chunks(overrides.num_splits))
-      throw_bad_argument("num_splits", "a divisor of 48", std::to_string(overrides.num_splits));
-    plan.num_splits = overrides.num_splits;
-  } else if (rows <= 8) {
-    plan.num_splits = feature_groups <= 24 ? 16 : 8;
-  } else if (rows <= 16) {
-    plan.num_splits = feature_groups >= 192 ? 2 : 4;
-  } else if (rows <= 64) {
-    plan.num_splits = 4;
-  } else {
-    plan.num_splits = 1;
-  }
-  // Shared memory: the normed q_a slice of the row tile must fit (and leave room for a second CTA).
-  while (ProjSmemPlan{plan.row_tile, kQLoraRank / plan.num_splits}.bytes() > 110 * 1024 && plan.num_splits < 48) {
-    int next = plan.num_splits + 1;
-    while (!divides_chunks(next)) ++next;
-    plan.num_splits = next;
-  }
-  plan.split_len = kQLoraRank / plan.num_splits;
-  plan.proj_grid = dim3(num_row_chunks, feature_groups, plan.num_splits);
-  plan.proj_smem = ProjSmemPlan{plan.row_tile, plan.split_len}.bytes();
-  plan.workspace_bytes = size_t(plan.num_splits) * rows * num_heads * kQkHeadDim * sizeof(float);
-
-  // ---- absorb_kernel: rows per CTA, then columns per CTA so that the grid fills the SMs ----
-  plan.absorb_rows = std::min(round_up8(rows), kAbsorbMaxRows);
-  const int absorb_row_chunks = int((rows + plan.absorb_rows - 1) / plan.absorb_rows);
-  if (overrides.absorb_cols) {
-    if (overrides.absorb_cols < 32 || overrides.absorb_cols > 512 || (overrides.absorb_cols & (overrides.absorb_cols - 1)))
-      throw_bad_argument("absorb_cols", "32, 64, 128, 256 or 512", std::to_string(overrides.absorb_cols));
-    plan.absorb_cols = overrides.absorb_cols;
-  } else if (rows <= 16) {
-    plan.absorb_cols = num_heads >= 64 ? 128 : 32;
-  } else {
-    plan.absorb_cols = num_heads >= 128 ? 256 : num_heads >= 64 ? 64 : 32;
-  }
-  plan.absorb_grid = dim3(kKvLoraRank / plan.absorb_cols, num_heads, absorb_row_chunks);
-  plan.absorb_smem = AbsorbSmemPlan{plan.absorb_cols, plan.absorb_rows}.bytes();
-
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(proj_kernel_for(plan.row_tile), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(plan.proj_smem)));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(plan.absorb_smem)));
-
-  // ---- PDL trigger of proj_kernel ----
-  if (overrides.trigger < 0 || overrides.trigger > 2)
-    throw_bad_argument("trigger", "0 (planner), 1 (early) or 2 (late)", std::to_string(overrides.trigger));
-  // NOTE: the default stays early (the measured behaviour of every table in bench/results/query.md);
-  // the late trigger (after each CTA's last store) is an override until it has been measured.
-  plan.trigger_early = overrides.trigger != 2;
+  plan_fused(plan, overrides);
   return plan;
 }
 
@@ -266,51 +175,22 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.stride_cache_page = args.stride_cache_page;
   p.num_cache_pages = args.num_cache_pages;
   p.workspace = plan.workspace_bytes > 0 ? static_cast<float*>(args.workspace) : nullptr;
-  p.num_splits = plan.num_splits;
-  p.split_len = plan.split_len;
-  p.trigger_early = plan.trigger_early ? 1 : 0;
-  p.absorb_cols = plan.absorb_cols;
-  p.absorb_rows = plan.absorb_rows;
 
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-
-  if (plan.fused) {
-    cudaLaunchAttribute fused_attr[2];
-    fused_attr[0].id = cudaLaunchAttributeClusterDimension;
-    fused_attr[0].val.clusterDim.x = unsigned(plan.cluster_size);
-    fused_attr[0].val.clusterDim.y = 1;
-    fused_attr[0].val.clusterDim.z = 1;
-    fused_attr[1] = attr[0];
-    cudaLaunchConfig_t fused{};
-    fused.gridDim = plan.fused_grid;
-    fused.blockDim = dim3(kFusedThreads);
-    fused.dynamicSmemBytes = plan.fused_smem;
-    fused.stream = stream;
-    fused.attrs = fused_attr;
-    fused.numAttrs = pdl ? 2 : 1;
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&fused, fused_kernel_for(plan.row_tile, plan.cluster_size), p));
-    return;
-  }
-
-  cudaLaunchConfig_t proj{};
-  proj.gridDim = plan.proj_grid;
-  proj.blockDim = dim3(kProjThreads);
-  proj.dynamicSmemBytes = plan.proj_smem;
-  proj.stream = stream;
-  proj.attrs = attr;
-  proj.numAttrs = pdl ? 1 : 0;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&proj, proj_kernel_for(plan.row_tile), p));
-
-  cudaLaunchConfig_t absorb{};
-  absorb.gridDim = plan.absorb_grid;
-  absorb.blockDim = dim3(kAbsorbThreads);
-  absorb.dynamicSmemBytes = plan.absorb_smem;
-  absorb.stream = stream;
-  absorb.attrs = attr;
-  absorb.numAttrs = 1;  // always PDL-chained to proj_kernel: its prologue prefetches W_UK_T
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, absorb_kernel, p));
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(plan.cluster_size);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = plan.grid;
+  config.blockDim = dim3(kFusedThreads);
+  config.dynamicSmemBytes = plan.smem_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 2 : 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, fused_kernel_for(plan.row_tile, plan.cluster_size), p));
 }
 
 }  // namespace mla::query

@@ -1,5 +1,5 @@
 // Kernel parameters of the fused query stage (DESIGN.md §4, query stage). Plain struct, passed by
-// value as a __grid_constant__ kernel parameter to both kernels of the family.
+// value as a __grid_constant__ kernel parameter.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,17 +31,8 @@ struct QueryParams {
   int64_t stride_cache_page = 0;             // bytes between pages, >= 64*576, multiple of 16
   int64_t num_cache_pages = 0;               // a slot on a page >= this is skipped (defence; validated upstream)
 
-  // ---- Split-K workspace: q = bf16(sum over splits) ----
-  // Two-kernel path: [num_splits, num_rows, H*192] fp32 partial sums of q_b_proj . qn (required).
-  // Fused kernel: [num_rows, H*192] fp32 q before its bf16 rounding, or null (nothing written).
-  float* workspace = nullptr;
-  int num_splits = 1;                        // splits of the 1536-long reduction of q_b_proj
-  int split_len = 1536;                      // 1536 / num_splits, a multiple of 32
-  int trigger_early = 0;                     // 1: proj_kernel lets absorb_kernel launch right after its wait
-
-  // ---- Absorption tiling ----
-  int absorb_cols = 512;                     // latent columns per CTA of the absorb kernel (32..512)
-  int absorb_rows = 64;                      // rows per CTA of the absorb kernel (8..64, multiple of 8)
+  // ---- Tests only ----
+  float* workspace = nullptr;                // [num_rows, H*192] fp32 q before its bf16 rounding, or null
 };
 
 }  // namespace mla::query

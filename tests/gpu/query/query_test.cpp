@@ -1,4 +1,4 @@
-// GPU tests of the fused query kernels (src/query) against the CPU reference (DESIGN.md §4).
+// GPU tests of the fused query kernel (src/query) against the CPU reference (DESIGN.md §4).
 //
 // Every FP8 byte must be within one e4m3 step of the reference computed in double from the same bf16
 // inputs, and identical unless the reference value lies within an error bound of an e4m3 rounding
@@ -225,14 +225,14 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   DeviceBuffer<int64_t> d_slots(rows);
   DeviceBuffer<uint8_t> d_query(size_t(rows) * H_out * kKeyDim);
   DeviceBuffer<uint8_t> d_cache(size_t(num_pages) * page_stride);
-  // The fused kernel stores its fp32 q (before the bf16 rounding) only on request: the checked plan
-  // asks for it, and the production plan (without) must then write the same bytes (checked below).
+  // The kernel stores its fp32 q (before the bf16 rounding) only on request: the checked plan asks
+  // for it, and the production plan (without) must then write the same bytes (checked below).
   query::QueryPlanOverrides checked_overrides = c.overrides;
-  if (!c.overrides.two_kernel) checked_overrides.store_q = 1;
+  checked_overrides.store_q = 1;
   const QueryPlan plan = query::make_query_plan(rows, H, checked_overrides);
   DeviceBuffer<uint8_t> d_workspace(plan.workspace_bytes);
   d_slots.upload(slots);
-  d_workspace.poison(0xff);  // NaN partials: a partial that is read but never written fails
+  d_workspace.poison(0xff);  // NaN q: a q that is read but never written fails
   // With a producer, launch() poisons the projected rows (what a read before griddepcontrol.wait
   // would see: NaN rows) and the delayed copy writes them.
   if (pdl_producer) d_staging.upload(projected);
@@ -284,31 +284,26 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
     }
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   };
-  if (plan.fused) {
-    // The production plan first (no workspace): its bytes must equal the checked plan's.
-    const QueryPlan production = query::make_query_plan(rows, H, c.overrides);
-    EXPECT_EQ(production.workspace_bytes, 0u);
-    args.workspace = nullptr;
-    launch(production);
-    args.workspace = d_workspace.get();
-  }
-  const std::vector<uint8_t> production_query = plan.fused ? d_query.download() : std::vector<uint8_t>{};
-  const std::vector<uint8_t> production_cache = plan.fused ? d_cache.download() : std::vector<uint8_t>{};
+  // The production plan first (no workspace): its bytes must equal the checked plan's.
+  const QueryPlan production = query::make_query_plan(rows, H, c.overrides);
+  EXPECT_EQ(production.workspace_bytes, 0u);
+  args.workspace = nullptr;
+  launch(production);
+  args.workspace = d_workspace.get();
+  const std::vector<uint8_t> production_query = d_query.download();
+  const std::vector<uint8_t> production_cache = d_cache.download();
   launch(plan);
   const std::vector<uint8_t> query = d_query.download();
   const std::vector<uint8_t> cache = d_cache.download();
   std::vector<float> workspace(plan.workspace_bytes / sizeof(float));
   MLA_CUDA_CHECK(cudaMemcpy(workspace.data(), d_workspace.get(), plan.workspace_bytes, cudaMemcpyDeviceToHost));
-  const int64_t split_stride = int64_t(rows) * H * kQkHeadDim;
   int64_t spec_differing = 0;
 
   Outcome outcome;
   std::string failure;
   int64_t failures = 0;
-  if (plan.fused) {
-    EXPECT_TRUE(production_query == query) << "the plan without a stored q wrote other query bytes";
-    EXPECT_TRUE(production_cache == cache) << "the plan without a stored q wrote other cache bytes";
-  }
+  EXPECT_TRUE(production_query == query) << "the plan without a stored q wrote other query bytes";
+  EXPECT_TRUE(production_cache == cache) << "the plan without a stored q wrote other cache bytes";
 
   // Rows whose query is checked.
   std::vector<int> checked_rows(rows);
@@ -361,19 +356,17 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
           moved += std::fabs(wk) * qn_flip[k];
         }
         const double eps = kQbAccumRel * abs_sum + moved;
-        float partial_sum = 0.f;
-        for (int sp = 0; sp < plan.num_splits; ++sp)
-          partial_sum += workspace[sp * split_stride + int64_t(r) * H * kQkHeadDim + h * kQkHeadDim + d];
-        if (!(std::fabs(double(partial_sum) - sum) <= eps)) {
+        const float stored_q = workspace[int64_t(r) * H * kQkHeadDim + h * kQkHeadDim + d];
+        if (!(std::fabs(double(stored_q) - sum) <= eps)) {
           ++failures;
           if (failure.empty()) {
             char buf[200];
-            snprintf(buf, sizeof buf, "q partial sums row %d head %d dim %d: %.9g vs %.9g, bound %.3g", r, h, d,
-                     double(partial_sum), sum, eps);
+            snprintf(buf, sizeof buf, "fp32 q row %d head %d dim %d: %.9g vs %.9g, bound %.3g", r, h, d,
+                     double(stored_q), sum, eps);
             failure = buf;
           }
         }
-        q_kernel[d] = ref::bf16_to_double(ref::bf16_from_double(double(partial_sum)));
+        q_kernel[d] = ref::bf16_to_double(ref::bf16_from_double(double(stored_q)));
         const Bf16Rounding b = bf16_rounding(sum);
         q[d] = b.value;
         q_dev[d] = (b.distance <= eps) ? b.flip + eps : 0.0;
@@ -507,59 +500,26 @@ TEST(Query, DcpHeadOffsetLeavesOtherHeadsUntouched) {
 
 TEST(Query, PdlAfterProducerKernel) {
   MLA_REQUIRE_GPU();
-  for (int two_kernel : {0, 1}) {
-    Case c{16, 7};
-    c.pitch_pad = 8;
-    c.overrides.two_kernel = two_kernel;
-    run_case(c, /*pdl_producer=*/true);
-  }
+  Case c{16, 7};
+  c.pitch_pad = 8;
+  run_case(c, /*pdl_producer=*/true);
 }
 
 TEST(Query, PdlAfterProducerInCudaGraph) {
   MLA_REQUIRE_GPU();
-  for (int two_kernel : {0, 1}) {
-    Case c{12, 64};
-    c.overrides.two_kernel = two_kernel;
-    run_case(c, /*pdl_producer=*/true, /*graph=*/true);
-  }
+  Case c{12, 64};
+  run_case(c, /*pdl_producer=*/true, /*graph=*/true);
 }
 
-// Every instantiation of the fused kernel: row tiles (with a partial last tile) x cluster sizes.
-TEST(Query, FusedEveryRowTileAndClusterSizeGivesTheSameBytes) {
+// Every instantiation of the kernel: row tiles (with a partial last tile) x cluster sizes.
+TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
   MLA_REQUIRE_GPU();
   for (int row_tile : {8, 16, 32, 64}) {
-    for (int cluster : {1, 2, 4, 8, 16}) {
+    for (int cluster : {1, 2, 4, 8}) {
       if (cluster == 1 && row_tile > 16) continue;  // shared memory holds at most 16 rows at C = 1
       Case c{8, 33};
       c.overrides.row_tile = row_tile;
       c.overrides.cluster_size = cluster;
-      run_case(c);
-    }
-  }
-}
-
-TEST(Query, TwoKernelPathEverySplitAndTilingGivesTheSameBytes) {
-  MLA_REQUIRE_GPU();
-  for (int splits : {1, 3, 16, 48}) {
-    for (int cols : {32, 512}) {
-      Case c{8, 33};
-      c.overrides.two_kernel = 1;
-      c.overrides.num_splits = splits;
-      c.overrides.absorb_cols = cols;
-      c.overrides.row_tile = splits == 48 ? 8 : 32;
-      c.overrides.trigger = cols == 32 ? 1 : 2;  // both PDL trigger points of proj_kernel
-      run_case(c);
-    }
-  }
-}
-
-TEST(Query, TwoKernelPathDefaultPlans) {
-  MLA_REQUIRE_GPU();
-  for (int H : {12, 128}) {
-    for (int rows : {1, 64}) {
-      Case c{H, rows};
-      c.max_checked_rows = std::max(2, 768 / H);
-      c.overrides.two_kernel = 1;
       run_case(c);
     }
   }
@@ -573,12 +533,24 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 3}), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 1, .row_tile = 64}), Error);  // smem
   EXPECT_THROW(query::make_query_plan(4, 12, {.row_tile = 24}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.num_splits = 4}), Error);  // two-kernel option
-  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 2}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .cluster_size = 2}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .num_splits = 5}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .absorb_cols = 48}), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.two_kernel = 1, .trigger = 3}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 16}), Error);
+}
+
+// The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs
+// fit one wave (clusters of 4 and 8 within 3/4 of the SMs), else the smallest that holds the tile.
+TEST(Query, PlanFollowsTheMeasuredRule) {
+  MLA_REQUIRE_GPU();
+  int sms = 0;
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (sms != 132) GTEST_SKIP() << "the expected plans are those of a 132-SM H200; this GPU has " << sms << " SMs";
+  struct Want { int rows, heads, row_tile, cluster; };
+  for (const Want& w : {Want{1, 12, 8, 8}, Want{4, 16, 8, 4}, Want{16, 64, 16, 2}, Want{1, 96, 8, 1},
+                        Want{16, 128, 16, 1}, Want{64, 12, 32, 4}, Want{64, 16, 32, 2}, Want{64, 128, 32, 2},
+                        Want{256, 12, 64, 2}, Want{512, 128, 64, 2}}) {
+    const QueryPlan plan = query::make_query_plan(w.rows, w.heads);
+    EXPECT_EQ(plan.row_tile, w.row_tile) << plan.describe();
+    EXPECT_EQ(plan.cluster_size, w.cluster) << plan.describe();
+  }
 }
 
 }  // namespace
