@@ -74,7 +74,6 @@ struct PreparedMla::State {
   // ---- Fixed by prepare() ----
   bool prepared = false;
   std::vector<ShapeKernels> kernels;  // parallel to `shapes`
-  DeviceMemory query_workspace;       // split-K partials of q_b_proj (largest shape)
   DeviceMemory core_workspace;        // split-KV partials (largest shape)
   DeviceMemory latent;                // [max rows, H_core, 512] bf16
   DeviceMemory lse;                   // [max rows, H_core] fp32
@@ -232,7 +231,7 @@ namespace {
 
 // The stages' arguments for one step, shared by the whole-step path and the DCP phases.
 query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const PreparedShape& shape, const StepInputs& step,
-                            void* query_out, int num_heads_out, int head_offset, void* workspace) {
+                            void* query_out, int num_heads_out, int head_offset) {
   query::QueryArgs query;
   query.projected = step.projected.data;
   query.pitch = shape.pitch;
@@ -250,7 +249,6 @@ query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const Prepa
   query.cache = step.cache.data;
   query.stride_cache_page = step.cache.stride[0];
   query.num_cache_pages = step.cache.shape[0];
-  query.workspace = workspace;
   return query;
 }
 
@@ -305,8 +303,7 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
 
   mark(0);
   query::launch_query(kernels.query,
-                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
-                                 state.query_workspace.get()),
+                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0),
                       stream, /*pdl=*/true);
   mark(1);
 
@@ -342,8 +339,7 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
   switch (phase) {
     case DcpPhase::kQuery: {
       query::launch_query(kernels.query,
-                          query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads,
-                                     state.query_workspace.get()),
+                          query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads),
                           stream, /*pdl=*/false);
       if (!publish_to_peers) return;
       // Publish: this rank's heads of every row into each peer's mailbox (strided rows of H*576 bytes
@@ -408,7 +404,7 @@ void PreparedMla::prepare(const TensorView& cache) {
 
   // ---- 1. Plans: grids, split counts, shared-memory limits, workspace sizes.
   std::vector<ShapeKernels> kernels;
-  size_t query_workspace = 0, core_workspace = 0;
+  size_t core_workspace = 0;
   int64_t max_rows = 0, max_pitch = 0;
   for (PreparedShape& shape : state.shapes) {
     ShapeKernels k;
@@ -421,7 +417,6 @@ void PreparedMla::prepare(const TensorView& cache) {
     k.core = core::plan_core(core_shape);
     k.value = value::plan_value(static_cast<int>(shape.rows), heads);
     shape.num_splits = k.core.num_splits;
-    query_workspace = std::max(query_workspace, k.query.workspace_bytes);
     core_workspace = std::max(core_workspace, k.core.workspace_bytes);
     max_rows = std::max(max_rows, shape.rows);
     max_pitch = std::max(max_pitch, shape.pitch);
@@ -430,7 +425,6 @@ void PreparedMla::prepare(const TensorView& cache) {
 
   // ---- 2. Buffers between the stages, sized for the largest shape.
   state.kernels = std::move(kernels);
-  state.query_workspace = DeviceMemory(query_workspace);
   state.core_workspace = DeviceMemory(core_workspace);
   // Under DCP the core writes into the group's buffers (the peers read them), so nothing here.
   if (group == nullptr) {
