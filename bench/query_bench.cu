@@ -4,8 +4,8 @@
 // and the bf16 matrix rate measured in the same run.
 //
 //   query_bench                    the issue's table: H in {12,16,64,96,128} x rows in {1,4,16,64,256}
-//   query_bench --sweep            then, for every shape of the table: the kernel at every cluster
-//                                  size and at the row tiles 32 and 64 from 64 rows up
+//   query_bench --sweep            then, for every shape of the table: the fused kernel at every
+//                                  cluster size (row tiles 32 and 64 from 64 rows up), and the GEMM path
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -122,7 +122,7 @@ void free_problem(Problem& p) {
     cudaFree(x);
 }
 
-float time_fused(Problem& p, const query::QueryPlan& plan, void* workspace, cudaStream_t stream) {
+float time_query(Problem& p, const query::QueryPlan& plan, void* workspace, cublasHandle_t cublas, cudaStream_t stream) {
   return timing::time_graph_us(stream, [&](int i) {
     query::QueryArgs a;
     a.projected = p.projected;
@@ -139,6 +139,7 @@ float time_fused(Problem& p, const query::QueryPlan& plan, void* workspace, cuda
     a.stride_cache_page = p.page_stride;
     a.num_cache_pages = p.num_pages;
     a.workspace = workspace;
+    a.cublas = cublas;
     query::launch_query(plan, a, stream, true);
   }, kLaunchesPerGraph, kReplays);
 }
@@ -171,7 +172,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
     } else {
-      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every cluster size and row tile per shape\n");
+      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every fused cluster size and row tile, and the GEMM path, per shape\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -182,6 +183,8 @@ int main(int argc, char** argv) {
   CUBLAS_CHECK(cublasSetStream(cublas, stream));
   void* cublas_ws = device_alloc<uint8_t>(64 << 20);
   CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws, 64 << 20));
+  cublasHandle_t cublas_ours;  // the GEMM path's own handle (it sets its stream and workspace per launch)
+  CUBLAS_CHECK(cublasCreate(&cublas_ours));
 
   cudaDeviceProp prop;
   MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -189,26 +192,33 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs; copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s\n", prop.name,
               prop.multiProcessorCount, ceil.copy_gbs, ceil.bf16_tflops);
 
-  void* workspace = device_alloc<uint8_t>(size_t(64) << 20);
-  std::printf("\n| H | rows | fused us | GB/s | %% copy bw | TFLOP/s | stock us | stock/fused | plan |\n");
+  constexpr size_t kWorkspaceBytes = size_t(256) << 20;  // the GEMM path at 256 rows x 128 heads needs ~112 MB
+  void* workspace = device_alloc<uint8_t>(kWorkspaceBytes);
+  std::printf("\n| H | rows | ours µs | GB/s | %% copy bw | TFLOP/s | stock µs | stock/ours | plan |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (int H : heads) {
     for (int rows : row_counts) {
       Problem p = make_problem(rows, H, stream);
       const query::QueryPlan plan = query::make_query_plan(rows, H);
-      if (plan.workspace_bytes > (size_t(64) << 20)) { std::printf("workspace too big\n"); continue; }
-      const float fused = time_fused(p, plan, workspace, stream);
+      if (plan.workspace_bytes > kWorkspaceBytes) { std::printf("workspace too big\n"); continue; }
+      const float fused = time_query(p, plan, workspace, cublas_ours, stream);
       const float stock = time_stock(p, cublas, stream);
       const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
-      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | R=%d C=%d grid=%ux%ux%u |\n", H, rows, fused, gbs,
-                  100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, plan.row_tile,
-                  plan.cluster_size, plan.grid.x, plan.grid.y, plan.grid.z);
+      char how[96];
+      if (plan.path == query::QueryPath::kGemm) {
+        std::snprintf(how, sizeof how, "GEMM path");
+      } else {
+        std::snprintf(how, sizeof how, "fused R=%d C=%d grid=%ux%ux%u", plan.row_tile, plan.cluster_size, plan.grid.x,
+                      plan.grid.y, plan.grid.z);
+      }
+      std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | %s |\n", H, rows, fused, gbs,
+                  100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, how);
       std::fflush(stdout);
       free_problem(p);
     }
   }
   if (sweep) {
-    std::printf("\n## sweep: us by row tile R / cluster size C\n");
+    std::printf("\n## sweep: us by fused row tile R / cluster size C, and the GEMM path\n");
     for (int H : heads) {
       for (int rows : row_counts) {
         Problem p = make_problem(rows, H, stream);
@@ -220,13 +230,15 @@ int main(int argc, char** argv) {
           for (int cluster : {1, 2, 4, 8}) {
             query::QueryPlan plan;
             try {
-              plan = query::make_query_plan(rows, H, {.cluster_size = cluster, .row_tile = row_tile});
+              plan = query::make_query_plan(rows, H, {.path = 1, .cluster_size = cluster, .row_tile = row_tile});
             } catch (const Error&) {
               continue;  // shared memory does not fit or the cluster cannot be scheduled
             }
-            std::printf("  R%d/C%d %.2f", row_tile, cluster, time_fused(p, plan, workspace, stream));
+            std::printf("  R%d/C%d %.2f", row_tile, cluster, time_query(p, plan, workspace, cublas_ours, stream));
           }
         }
+        const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2});
+        if (gemm.workspace_bytes <= kWorkspaceBytes) std::printf("  gemm %.2f", time_query(p, gemm, workspace, cublas_ours, stream));
         std::printf("\n");
         std::fflush(stdout);
         free_problem(p);
@@ -236,5 +248,6 @@ int main(int argc, char** argv) {
 
   MLA_CUDA_CHECK(cudaFree(workspace));
   CUBLAS_CHECK(cublasDestroy(cublas));
+  CUBLAS_CHECK(cublasDestroy(cublas_ours));
   return 0;
 }

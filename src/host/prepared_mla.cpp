@@ -1,3 +1,4 @@
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -54,6 +55,30 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
+// A cuBLAS handle owned by the prepared object: the query stage's GEMM path (large batches) runs its two
+// projections through it. Created in prepare() only where a prepared shape takes that path.
+class CublasHandle {
+ public:
+  CublasHandle() = default;
+  ~CublasHandle() {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  void create() {
+    if (handle_ != nullptr) return;
+    const cublasStatus_t status = cublasCreate(&handle_);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      throw Error("prepare: cublasCreate failed (status " + std::to_string(int(status)) + ")");
+    }
+  }
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
 // The launch plans of one prepared shape.
 struct ShapeKernels {
   query::QueryPlan query;
@@ -74,6 +99,8 @@ struct PreparedMla::State {
   // ---- Fixed by prepare() ----
   bool prepared = false;
   std::vector<ShapeKernels> kernels;  // parallel to `shapes`
+  DeviceMemory query_workspace;       // the query GEMM path's buffers + cuBLAS workspace (largest shape)
+  CublasHandle cublas;                // the query GEMM path's handle (only if a shape takes that path)
   DeviceMemory core_workspace;        // split-KV partials (largest shape)
   DeviceMemory latent;                // [max rows, H_core, 512] bf16
   DeviceMemory lse;                   // [max rows, H_core] fp32
@@ -231,7 +258,8 @@ namespace {
 
 // The stages' arguments for one step, shared by the whole-step path and the DCP phases.
 query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const PreparedShape& shape, const StepInputs& step,
-                            void* query_out, int num_heads_out, int head_offset) {
+                            void* query_out, int num_heads_out, int head_offset, void* workspace,
+                            cublasHandle_t cublas) {
   query::QueryArgs query;
   query.projected = step.projected.data;
   query.pitch = shape.pitch;
@@ -249,6 +277,8 @@ query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const Prepa
   query.cache = step.cache.data;
   query.stride_cache_page = step.cache.stride[0];
   query.num_cache_pages = step.cache.shape[0];
+  query.workspace = workspace;
+  query.cublas = cublas;
   return query;
 }
 
@@ -303,7 +333,8 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
 
   mark(0);
   query::launch_query(kernels.query,
-                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0),
+                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
+                                 state.query_workspace.get(), state.cublas.get()),
                       stream, /*pdl=*/true);
   mark(1);
 
@@ -339,7 +370,8 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
   switch (phase) {
     case DcpPhase::kQuery: {
       query::launch_query(kernels.query,
-                          query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads),
+                          query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads,
+                                     state.query_workspace.get(), state.cublas.get()),
                           stream, /*pdl=*/false);
       if (!publish_to_peers) return;
       // Publish: this rank's heads of every row into each peer's mailbox (strided rows of H*576 bytes
@@ -404,7 +436,8 @@ void PreparedMla::prepare(const TensorView& cache) {
 
   // ---- 1. Plans: grids, split counts, shared-memory limits, workspace sizes.
   std::vector<ShapeKernels> kernels;
-  size_t core_workspace = 0;
+  size_t query_workspace = 0, core_workspace = 0;
+  bool query_gemm = false;
   int64_t max_rows = 0, max_pitch = 0;
   for (PreparedShape& shape : state.shapes) {
     ShapeKernels k;
@@ -417,6 +450,8 @@ void PreparedMla::prepare(const TensorView& cache) {
     k.core = core::plan_core(core_shape);
     k.value = value::plan_value(static_cast<int>(shape.rows), heads);
     shape.num_splits = k.core.num_splits;
+    query_workspace = std::max(query_workspace, k.query.workspace_bytes);
+    query_gemm = query_gemm || k.query.path == query::QueryPath::kGemm;
     core_workspace = std::max(core_workspace, k.core.workspace_bytes);
     max_rows = std::max(max_rows, shape.rows);
     max_pitch = std::max(max_pitch, shape.pitch);
@@ -425,6 +460,8 @@ void PreparedMla::prepare(const TensorView& cache) {
 
   // ---- 2. Buffers between the stages, sized for the largest shape.
   state.kernels = std::move(kernels);
+  state.query_workspace = DeviceMemory(query_workspace);
+  if (query_gemm) state.cublas.create();
   state.core_workspace = DeviceMemory(core_workspace);
   // Under DCP the core writes into the group's buffers (the peers read them), so nothing here.
   if (group == nullptr) {

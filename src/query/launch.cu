@@ -7,6 +7,7 @@
 #include "mla/dims.h"
 #include "mla/error.h"
 #include "query/config.h"
+#include "query/gemm_kernels.cuh"
 #include "query/kernel.cuh"
 
 namespace mla::query {
@@ -118,11 +119,78 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   plan.workspace_bytes = overrides.store_q ? size_t(rows) * plan.num_heads * kQkHeadDim * sizeof(float) : 0;
 }
 
+// The GEMM path's workspace: cuBLAS's own (the size NVIDIA recommends for Hopper), then its buffers.
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
+  if (overrides.cluster_size || overrides.store_q || overrides.row_tile)
+    throw_bad_argument("cluster_size/store_q/row_tile", "0 for the GEMM path",
+                       std::to_string(overrides.cluster_size) + "/" + std::to_string(overrides.store_q) + "/" +
+                           std::to_string(overrides.row_tile));
+  plan.path = QueryPath::kGemm;
+  plan.grid = dim3(unsigned(plan.rows), unsigned(plan.num_heads), 1);
+  plan.gemm_qn_offset = kCublasWorkspaceBytes;
+  plan.gemm_q_offset = plan.gemm_qn_offset + align256(size_t(plan.rows) * kQLoraRank * 2);
+  plan.gemm_ql_offset = plan.gemm_q_offset + align256(size_t(plan.rows) * plan.num_heads * kQkHeadDim * 2);
+  plan.workspace_bytes = plan.gemm_ql_offset + size_t(plan.rows) * plan.num_heads * kKvLoraRank * 4;
+}
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) throw Error(std::string("query: ") + call + " failed: cuBLAS status " + std::to_string(int(status)));
+}
+
+void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& args, cudaStream_t stream, bool pdl) {
+  uint8_t* ws = static_cast<uint8_t*>(args.workspace);
+  auto* qn = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_qn_offset);
+  auto* q = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_q_offset);
+  auto* ql = reinterpret_cast<float*>(ws + plan.gemm_ql_offset);
+  const int rows = int(plan.rows), H = plan.num_heads;
+
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t norm{};
+  norm.gridDim = dim3(unsigned(rows));
+  norm.blockDim = dim3(kGemmNormThreads);
+  norm.stream = stream;
+  norm.attrs = attr;
+  norm.numAttrs = pdl ? 1 : 0;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&norm, gemm_norm_kernel, p, qn));
+
+  check_cublas(cublasSetStream(args.cublas, stream), "cublasSetStream");
+  check_cublas(cublasSetWorkspace(args.cublas, ws, kCublasWorkspaceBytes), "cublasSetWorkspace");
+  const float one = 1.f, zero = 0.f;
+  // q [rows, H*192] (row-major) = qn [rows, 1536] . q_b_proj [H*192, 1536]^T: column-major C^T = A^T B.
+  check_cublas(cublasGemmEx(args.cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &one, p.q_b_proj,
+                            CUDA_R_16BF, kQLoraRank, qn, CUDA_R_16BF, kQLoraRank, &zero, q, CUDA_R_16BF, H * kQkHeadDim,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (q_b_proj)");
+  // Per head h: ql [rows, 512] (row stride H*512) = q_nope [rows, 128] (row stride H*192) . W_UK_T[h] [128, 512].
+  check_cublas(cublasGemmStridedBatchedEx(args.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &one,
+                                          p.w_uk_t, CUDA_R_16BF, kKvLoraRank, int64_t(kNopeDim) * kKvLoraRank, q,
+                                          CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &zero, ql, CUDA_R_32F,
+                                          H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx (W_UK)");
+
+  cudaLaunchConfig_t quant{};
+  quant.gridDim = plan.grid;
+  quant.blockDim = dim3(kGemmQuantThreads);
+  quant.stream = stream;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&quant, gemm_quantize_kernel, p, static_cast<const __nv_bfloat16*>(q),
+                                    static_cast<const float*>(ql)));
+}
+
 }  // namespace
 
 std::string QueryPlan::describe() const {
   std::ostringstream s;
-  s << "rows=" << rows << " H=" << num_heads << " row_tile=" << row_tile << " cluster=" << cluster_size
+  if (path == QueryPath::kGemm) {
+    s << "rows=" << rows << " H=" << num_heads << " gemm (norm kernel, cuBLAS q_b_proj + W_UK, quantize kernel) workspace="
+      << workspace_bytes;
+    return s.str();
+  }
+  s << "rows=" << rows << " H=" << num_heads << " fused row_tile=" << row_tile << " cluster=" << cluster_size
     << " grid=" << grid.x << "x" << grid.y << "x" << grid.z << " smem=" << smem_bytes << " workspace=" << workspace_bytes;
   return s.str();
 }
@@ -133,7 +201,17 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
   QueryPlan plan;
   plan.rows = rows;
   plan.num_heads = num_heads;
-  plan_fused(plan, overrides);
+  if (overrides.path < 0 || overrides.path > 2)
+    throw_bad_argument("path", "0 (planner), 1 (fused) or 2 (GEMM)", std::to_string(overrides.path));
+  // NOTE: the GEMM path from 64 rows up (except 64 rows x H <= 12): the fused kernel lost to cuBLAS
+  // there (bench/results/query.md: H=16 rows=64 18.2 vs 17.1 µs, H=128 rows=256 257 vs 94 µs) and
+  // won below (H=12 rows=64 15.6 vs 16.9 µs).
+  const bool gemm = overrides.path == 2 || (overrides.path == 0 && rows >= 64 && rows * num_heads > 64 * 12);
+  if (gemm) {
+    plan_gemm(plan, overrides);
+  } else {
+    plan_fused(plan, overrides);
+  }
   return plan;
 }
 
@@ -154,6 +232,10 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
     throw_bad_argument("stride_cache_page", ">= 36864 bytes and a multiple of 16", std::to_string(args.stride_cache_page));
   if (plan.workspace_bytes > 0 && (!args.workspace || !aligned16(args.workspace)))
     throw_bad_argument("workspace", "16-byte aligned device pointer", "unaligned or null");
+  if (plan.path == QueryPath::kGemm && (reinterpret_cast<uintptr_t>(args.workspace) & 255) != 0)
+    throw_bad_argument("workspace", "a 256-byte aligned device pointer (cuBLAS workspace of the GEMM path)", "unaligned");
+  if (plan.path == QueryPath::kGemm && args.cublas == nullptr)
+    throw_bad_argument("cublas", "a cuBLAS handle (the GEMM path of " + plan.describe() + ")", "null");
 
   QueryParams p;
   p.projected = static_cast<const __nv_bfloat16*>(args.projected);
@@ -176,6 +258,10 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.num_cache_pages = args.num_cache_pages;
   p.workspace = plan.workspace_bytes > 0 ? static_cast<float*>(args.workspace) : nullptr;
 
+  if (plan.path == QueryPath::kGemm) {
+    launch_gemm(plan, p, args, stream, pdl);
+    return;
+  }
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(plan.cluster_size);

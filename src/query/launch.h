@@ -5,6 +5,7 @@
 //   launch_query(plan, args, stream);                // one fused kernel launch; graph-capturable
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -17,21 +18,29 @@ namespace mla::query {
 
 // Optional overrides of the planner's choices (benchmark sweeps, tests); 0 = the planner decides.
 struct QueryPlanOverrides {
-  int cluster_size = 0;  // CTAs per (head, row tile): 1, 2, 4 or 8 (1 holds at most 16 rows)
-  int store_q = 0;       // 1 = store the fp32 q (before its bf16 rounding) in the workspace (tests)
-  int row_tile = 0;      // rows per cluster: 8, 16, 32 or 64
+  int path = 0;          // 1 = the fused kernel, 2 = the GEMM path (norm kernel, cuBLAS GEMMs, quantize kernel)
+  int cluster_size = 0;  // fused: CTAs per (head, row tile): 1, 2, 4 or 8 (1 holds at most 16 rows)
+  int store_q = 0;       // fused: 1 = store the fp32 q (before its bf16 rounding) in the workspace (tests)
+  int row_tile = 0;      // fused: rows per cluster: 8, 16, 32 or 64
 };
 
-// One fused_query_kernel launch: grid (C, row tiles, H), clusters of C CTAs along x.
+enum class QueryPath { kFused = 1, kGemm = 2 };
+
+// The fused path: one fused_query_kernel launch, grid (C, row tiles, H), clusters of C CTAs along x.
+// The GEMM path (large batches): gemm_norm_kernel, two cuBLAS GEMMs, gemm_quantize_kernel.
 struct QueryPlan {
   int64_t rows = 0;
   int num_heads = 0;
+  QueryPath path = QueryPath::kFused;
   int row_tile = 8;      // rows per cluster (8 * n-tiles)
   int cluster_size = 1;  // C
   dim3 grid;
   size_t smem_bytes = 0;
-  // 0, or with store_q the fp32 q [rows, H*192]. The caller allocates it (16-byte aligned).
+  // Fused: 0, or with store_q the fp32 q [rows, H*192]. GEMM path: the cuBLAS workspace, then qn
+  // bf16 [rows, 1536] at gemm_qn_offset, q bf16 [rows, H*192] at gemm_q_offset, ql fp32 [rows, H, 512]
+  // at gemm_ql_offset. The caller allocates it (256-byte aligned: cudaMalloc).
   size_t workspace_bytes = 0;
+  size_t gemm_qn_offset = 0, gemm_q_offset = 0, gemm_ql_offset = 0;
 
   std::string describe() const;  // "rows=16 H=12 row_tile=16 cluster=8 ..." for logs and benchmarks
 };
@@ -60,11 +69,14 @@ struct QueryArgs {
   int64_t stride_cache_page = 64 * 576;  // bytes, multiple of 16
   int64_t num_cache_pages = 0;
   void* workspace = nullptr;             // plan.workspace_bytes (may be null when that is 0)
+  cublasHandle_t cublas = nullptr;       // GEMM path: the caller's handle (its stream and workspace are set here)
 };
 
-// Launches fused_query_kernel. With `pdl`, it is launched as a programmatic dependent of whatever
-// precedes it on `stream` (it waits before reading `projected` and before any store). Only launches:
-// no allocation, no synchronization. Throws mla::Error on bad arguments (checked on the host only: pointers, pitch, alignment) or a failed launch.
+// Launches the plan's kernels. With `pdl`, the first is launched as a programmatic dependent of
+// whatever precedes it on `stream` (it waits before reading `projected` and before any store); the
+// last triggers its dependents after its last store. Only launches (cuBLAS included): no allocation,
+// no synchronization, graph-capturable. Throws mla::Error on bad arguments (checked on the host only:
+// pointers, pitch, alignment, the cuBLAS handle of a GEMM plan) or a failed launch.
 void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t stream, bool pdl = true);
 
 }  // namespace mla::query

@@ -17,6 +17,8 @@
 
 #include "gpu_test_util.h"
 #include "mla/dims.h"
+#include <cublas_v2.h>
+
 #include "query/launch.h"
 #include "query/testing.h"
 #include "reference.h"
@@ -129,6 +131,16 @@ DeviceWeights& device_weights() {
   return *w;
 }
 
+// The GEMM path's cuBLAS handle (one for the process, as an engine would keep one).
+cublasHandle_t cublas_handle() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
+    return h;
+  }();
+  return handle;
+}
+
 // ---- One case -------------------------------------------------------------------------------------
 struct Case {
   int num_heads;
@@ -225,10 +237,12 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   DeviceBuffer<int64_t> d_slots(rows);
   DeviceBuffer<uint8_t> d_query(size_t(rows) * H_out * kKeyDim);
   DeviceBuffer<uint8_t> d_cache(size_t(num_pages) * page_stride);
-  // The kernel stores its fp32 q (before the bf16 rounding) only on request: the checked plan asks
-  // for it, and the production plan (without) must then write the same bytes (checked below).
+  // The fused kernel stores its fp32 q (before the bf16 rounding) only on request: the checked plan
+  // asks for it, and the production plan (without) must then write the same bytes (checked below).
+  // The GEMM path always leaves its bf16 q in the workspace (and runs the same plan twice).
+  const bool gemm = query::make_query_plan(rows, H, c.overrides).path == query::QueryPath::kGemm;
   query::QueryPlanOverrides checked_overrides = c.overrides;
-  checked_overrides.store_q = 1;
+  if (!gemm) checked_overrides.store_q = 1;
   const QueryPlan plan = query::make_query_plan(rows, H, checked_overrides);
   DeviceBuffer<uint8_t> d_workspace(plan.workspace_bytes);
   d_slots.upload(slots);
@@ -256,6 +270,7 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   args.stride_cache_page = page_stride;
   args.num_cache_pages = num_pages;
   args.workspace = d_workspace.get();
+  args.cublas = cublas_handle();
 
   // One launch of `run_plan` (after the delayed producer when asked), into freshly poisoned outputs.
   auto launch = [&](const QueryPlan& run_plan) {
@@ -286,8 +301,10 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   };
   // The production plan first (no workspace): its bytes must equal the checked plan's.
   const QueryPlan production = query::make_query_plan(rows, H, c.overrides);
-  EXPECT_EQ(production.workspace_bytes, 0u);
-  args.workspace = nullptr;
+  if (!gemm) {
+    EXPECT_EQ(production.workspace_bytes, 0u);
+    args.workspace = nullptr;
+  }
   launch(production);
   args.workspace = d_workspace.get();
   const std::vector<uint8_t> production_query = d_query.download();
@@ -295,8 +312,16 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
   launch(plan);
   const std::vector<uint8_t> query = d_query.download();
   const std::vector<uint8_t> cache = d_cache.download();
-  std::vector<float> workspace(plan.workspace_bytes / sizeof(float));
-  MLA_CUDA_CHECK(cudaMemcpy(workspace.data(), d_workspace.get(), plan.workspace_bytes, cudaMemcpyDeviceToHost));
+  // The q the query bytes were computed from: the fused kernel's fp32 q, or the GEMM path's bf16 q.
+  std::vector<float> workspace(size_t(rows) * H * kQkHeadDim);
+  if (gemm) {
+    std::vector<uint16_t> q_bf16(workspace.size());
+    MLA_CUDA_CHECK(cudaMemcpy(q_bf16.data(), static_cast<uint8_t*>(d_workspace.get()) + plan.gemm_q_offset,
+                              q_bf16.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < q_bf16.size(); ++i) workspace[i] = float(ref::bf16_to_double(q_bf16[i]));
+  } else {
+    MLA_CUDA_CHECK(cudaMemcpy(workspace.data(), d_workspace.get(), workspace.size() * 4, cudaMemcpyDeviceToHost));
+  }
   int64_t spec_differing = 0;
 
   Outcome outcome;
@@ -357,17 +382,21 @@ void run_case(const Case& c, bool pdl_producer = false, bool graph = false) {
         }
         const double eps = kQbAccumRel * abs_sum + moved;
         const float stored_q = workspace[int64_t(r) * H * kQkHeadDim + h * kQkHeadDim + d];
-        if (!(std::fabs(double(stored_q) - sum) <= eps)) {
+        const Bf16Rounding b = bf16_rounding(sum);
+        // fp32 q: within the accumulation bound of the sum; bf16 q (GEMM path): bf16 of such a value.
+        const bool q_ok = gemm ? (double(stored_q) == b.value ||
+                                  (b.distance <= eps && std::fabs(double(stored_q) - b.value) <= b.flip * (1 + 1e-9)))
+                               : std::fabs(double(stored_q) - sum) <= eps;
+        if (!q_ok) {
           ++failures;
           if (failure.empty()) {
             char buf[200];
-            snprintf(buf, sizeof buf, "fp32 q row %d head %d dim %d: %.9g vs %.9g, bound %.3g", r, h, d,
+            snprintf(buf, sizeof buf, "%s q row %d head %d dim %d: %.9g vs %.9g, bound %.3g", gemm ? "bf16" : "fp32", r, h, d,
                      double(stored_q), sum, eps);
             failure = buf;
           }
         }
         q_kernel[d] = ref::bf16_to_double(ref::bf16_from_double(double(stored_q)));
-        const Bf16Rounding b = bf16_rounding(sum);
         q[d] = b.value;
         q_dev[d] = (b.distance <= eps) ? b.flip + eps : 0.0;
       }
@@ -500,15 +529,37 @@ TEST(Query, DcpHeadOffsetLeavesOtherHeadsUntouched) {
 
 TEST(Query, PdlAfterProducerKernel) {
   MLA_REQUIRE_GPU();
-  Case c{16, 7};
-  c.pitch_pad = 8;
-  run_case(c, /*pdl_producer=*/true);
+  for (int path : {1, 2}) {
+    Case c{16, 7};
+    c.pitch_pad = 8;
+    c.overrides.path = path;
+    run_case(c, /*pdl_producer=*/true);
+  }
 }
 
 TEST(Query, PdlAfterProducerInCudaGraph) {
   MLA_REQUIRE_GPU();
-  Case c{12, 64};
-  run_case(c, /*pdl_producer=*/true, /*graph=*/true);
+  for (int path : {1, 2}) {
+    Case c{12, 64};
+    c.overrides.path = path;
+    run_case(c, /*pdl_producer=*/true, /*graph=*/true);
+  }
+}
+
+// Both paths on either side of the planner's crossover, and the GEMM path into a DCP mailbox.
+TEST(Query, BothPathsGiveTheSameBytesAtTheCrossover) {
+  MLA_REQUIRE_GPU();
+  for (const auto& [H, rows] : {std::pair{16, 64}, std::pair{12, 64}, std::pair{96, 33}, std::pair{1, 512}}) {
+    for (int path : {1, 2}) {
+      Case c{H, rows};
+      c.max_checked_rows = std::max(2, 768 / H);
+      c.overrides.path = path;
+      run_case(c);
+    }
+  }
+  Case c{12, 70, /*head_offset=*/12, /*extra_heads=*/24};
+  c.overrides.path = 2;
+  run_case(c);
 }
 
 // Every instantiation of the kernel: row tiles (with a partial last tile) x cluster sizes.
@@ -518,6 +569,7 @@ TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
     for (int cluster : {1, 2, 4, 8}) {
       if (cluster == 1 && row_tile > 16) continue;  // shared memory holds at most 16 rows at C = 1
       Case c{8, 33};
+      c.overrides.path = 1;
       c.overrides.row_tile = row_tile;
       c.overrides.cluster_size = cluster;
       run_case(c);
@@ -534,6 +586,26 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 1, .row_tile = 64}), Error);  // smem
   EXPECT_THROW(query::make_query_plan(4, 12, {.row_tile = 24}), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 16}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.path = 3}), Error);
+  EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .cluster_size = 2}), Error);  // a fused option
+}
+
+TEST(Query, GemmPathWithoutCublasHandleThrows) {
+  MLA_REQUIRE_GPU();
+  const QueryPlan plan = query::make_query_plan(128, 16);
+  ASSERT_EQ(plan.path, query::QueryPath::kGemm);
+  DeviceBuffer<uint8_t> scratch(1 << 20);
+  QueryArgs args;
+  args.projected = args.q_a_norm = args.kv_a_norm = args.q_b_proj = args.w_uk_t = scratch.get();
+  args.slots = reinterpret_cast<const int64_t*>(scratch.get());
+  args.pitch = projected_width(16);
+  args.query = args.cache = args.workspace = scratch.get();
+  try {
+    query::launch_query(plan, args, nullptr);
+    ADD_FAILURE() << "no error without a cuBLAS handle";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cublas"), std::string::npos) << e.what();
+  }
 }
 
 // The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs
@@ -543,13 +615,18 @@ TEST(Query, PlanFollowsTheMeasuredRule) {
   int sms = 0;
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (sms != 132) GTEST_SKIP() << "the expected plans are those of a 132-SM H200; this GPU has " << sms << " SMs";
-  struct Want { int rows, heads, row_tile, cluster; };
-  for (const Want& w : {Want{1, 12, 8, 8}, Want{4, 16, 8, 4}, Want{16, 64, 16, 2}, Want{1, 96, 8, 1},
-                        Want{16, 128, 16, 1}, Want{64, 12, 32, 4}, Want{64, 16, 32, 2}, Want{64, 128, 32, 2},
-                        Want{256, 12, 64, 2}, Want{512, 128, 64, 2}}) {
-    const QueryPlan plan = query::make_query_plan(w.rows, w.heads);
+  struct Want { int rows, heads, path, row_tile, cluster; };  // path: 0 planned, 1 forced fused
+  for (const Want& w : {Want{1, 12, 0, 8, 8}, Want{4, 16, 0, 8, 4}, Want{16, 64, 0, 16, 2}, Want{1, 96, 0, 8, 1},
+                        Want{16, 128, 0, 16, 1}, Want{64, 12, 0, 32, 4}, Want{64, 16, 1, 32, 2},
+                        Want{64, 128, 1, 32, 2}, Want{256, 12, 1, 64, 2}, Want{512, 128, 1, 64, 2}}) {
+    const QueryPlan plan = query::make_query_plan(w.rows, w.heads, {.path = w.path});
+    EXPECT_EQ(plan.path, query::QueryPath::kFused) << plan.describe();
     EXPECT_EQ(plan.row_tile, w.row_tile) << plan.describe();
     EXPECT_EQ(plan.cluster_size, w.cluster) << plan.describe();
+  }
+  // The GEMM path from 64 rows up, except 64 rows at H <= 12.
+  for (const auto& [rows, heads] : {std::pair{64, 16}, std::pair{65, 12}, std::pair{256, 12}, std::pair{512, 128}}) {
+    EXPECT_EQ(query::make_query_plan(rows, heads).path, query::QueryPath::kGemm) << rows << " rows, H=" << heads;
   }
 }
 
