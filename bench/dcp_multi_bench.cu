@@ -434,6 +434,7 @@ int run_parent(const Options& o) {
   std::string log;
   ChildSpec one_gpu_spec;
   one_gpu_spec.replays = replays;
+  one_gpu_spec.directory = directory;  // unused by the one-GPU step, but the spec's format needs one
   if (!run_group("one-GPU step", {one_gpu_spec}, directory, &log)) {
     std::filesystem::remove_all(directory);
     return 1;
