@@ -1,10 +1,14 @@
 // PyTorch binding of mla::PreparedMla (issue 6): a torch custom class that owns one prepared layer and
-// the torch tensors its non-owning views point into, and one custom op that runs a decode step on the
-// current CUDA stream. Tensors become mla::TensorView unchanged (dtype, shape, strides in elements,
-// device), so the library's own validation judges them and its mla::Error message reaches Python.
+// the torch tensors its non-owning views point into, a torch custom class that owns one rank's DCP
+// group, and one custom op that runs a decode step on the current CUDA stream. Tensors become
+// mla::TensorView unchanged (dtype, shape, strides in elements, device), so the library's own
+// validation judges them and its mla::Error message reaches Python.
 //
+//   torch.classes.mla_decode.DcpGroup(directory, rank, size, interleave, num_heads, max_rows,
+//       device_index, wait_timeout_ms, bootstrap_timeout_ms)      collective: every rank at once
+//   .barrier()                          collective: every rank's prepare() done before any first step
 //   torch.classes.mla_decode.PreparedMla(q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv, q_scale, k_scale,
-//       rms_eps, num_heads, batch_sizes, pitches, query_scratch, max_context, core, parity, queries)
+//       rms_eps, num_heads, batch_sizes, pitches, query_scratch?, max_context, core, dcp?, parity, queries)
 //   .prepare(cache)                     once, outside graph capture (plans, allocates, warms, syncs)
 //   torch.ops.mla_decode.run(handle, projected, out, cache, slots, block_table, lengths, totals, q)
 //
@@ -25,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mla/dcp.h"
 #include "mla/mla.h"
 
 namespace mla_torch {
@@ -90,6 +95,52 @@ auto translating_errors(Body&& body) -> decltype(body()) {
   }
 }
 
+// ---- One rank's DCP group -------------------------------------------------------------------------
+
+// One rank per process: a FileBootstrap in a directory every rank sees, and the IpcDcp built over it
+// (include/mla/dcp.h). Construction and destruction are collective (the group all-gathers its CUDA-IPC
+// handles, and its destructor is a barrier before unmapping), so every rank creates and drops its
+// group at the same point. Every PreparedMla built with it holds a reference: the group outlives them.
+class DcpGroupHolder : public torch::CustomClassHolder {
+ public:
+  DcpGroupHolder(std::string directory, int64_t rank, int64_t size, int64_t interleave, int64_t num_heads,
+                 int64_t max_rows, int64_t device_index, int64_t wait_timeout_ms, int64_t bootstrap_timeout_ms) {
+    translating_errors([&] {
+      bootstrap_ = std::make_unique<mla::FileBootstrap>(
+          std::move(directory), to_int("rank", rank, "in [0, size)"), to_int("size", size, "2..8"),
+          to_int("bootstrap_timeout_ms", bootstrap_timeout_ms, ">= 1 (milliseconds)"));
+      group_ = std::make_unique<mla::IpcDcp>(
+          *bootstrap_, to_int("interleave", interleave, ">= 1"), to_int("num_heads", num_heads, "in [1, 128]"),
+          max_rows, to_int("device_index", device_index, "a CUDA device index"),
+          to_int("wait_timeout_ms", wait_timeout_ms, ">= 1 (milliseconds)"));
+    });
+  }
+
+  // Collective: returns once every rank called it (or throws after the bootstrap timeout, naming the
+  // missing rank). Never per step: a file exchange, milliseconds.
+  void barrier() {
+    translating_errors([&] {
+      const uint8_t mine = 1;
+      std::vector<uint8_t> all(bootstrap_->size());
+      bootstrap_->all_gather(&mine, 1, all.data());
+    });
+  }
+
+  const mla::DcpGroup& group() const { return *group_; }
+  int64_t rank() const { return group_->rank(); }
+  int64_t size() const { return group_->size(); }
+  int64_t interleave() const { return group_->interleave(); }
+  int64_t num_heads() const { return group_->num_heads(); }
+  int64_t max_rows() const { return group_->max_rows(); }
+  int64_t device_index() const { return group_->device_index(); }
+  std::string transport() const { return group_->transport(); }
+
+ private:
+  // Declared first, destroyed last: the group's destructor runs its barrier through the bootstrap.
+  std::unique_ptr<mla::FileBootstrap> bootstrap_;
+  std::unique_ptr<mla::IpcDcp> group_;
+};
+
 // ---- The prepared object --------------------------------------------------------------------------
 
 class PreparedMlaHolder;
@@ -128,14 +179,19 @@ class HandleRegistry {
 
 class PreparedMlaHolder : public torch::CustomClassHolder {
  public:
-  // `batch_sizes[i]` rows use row stride `pitches[i]` (elements) in `projected`. The weights and the
-  // query scratch must outlive nothing: this object keeps references to them.
+  // `batch_sizes[i]` rows use row stride `pitches[i]` (elements) in `projected`. The weights, the
+  // query scratch and the DCP group must outlive nothing: this object keeps references to them.
+  // Without `dcp` the query scratch is required and selects the device; with it the scratch must be
+  // absent (the group's mailboxes replace it) and the group's device is the object's.
   PreparedMlaHolder(at::Tensor q_a_norm, at::Tensor kv_a_norm, at::Tensor q_b_proj, at::Tensor w_uk_t,
                     at::Tensor w_uv, double q_scale, double k_scale, double rms_eps, int64_t num_heads,
-                    std::vector<int64_t> batch_sizes, std::vector<int64_t> pitches, at::Tensor query_scratch,
-                    int64_t max_context, std::string core, int64_t parity, std::vector<int64_t> queries)
+                    std::vector<int64_t> batch_sizes, std::vector<int64_t> pitches,
+                    std::optional<at::Tensor> query_scratch, int64_t max_context, std::string core,
+                    std::optional<c10::intrusive_ptr<DcpGroupHolder>> dcp, int64_t parity,
+                    std::vector<int64_t> queries)
       : tensors_{std::move(q_a_norm), std::move(kv_a_norm), std::move(q_b_proj), std::move(w_uk_t),
-                 std::move(w_uv), std::move(query_scratch)} {
+                 std::move(w_uv), query_scratch.value_or(at::Tensor())},
+        group_(dcp.has_value() ? *dcp : c10::intrusive_ptr<DcpGroupHolder>()) {
     translating_errors([&] {
       if (batch_sizes.size() != pitches.size()) {
         mla::throw_bad_argument("pitches", std::to_string(batch_sizes.size()) + " pitches (one per batch size)",
@@ -161,11 +217,12 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
       mla::PrepareOptions options;
       options.max_context = max_context;
       options.core = mla::parse_core_kind(core.c_str());
+      options.dcp = group_ ? &group_->group() : nullptr;
       options.parity = to_int("parity", parity, "0 or 1");
       options.queries.clear();
       for (int64_t q : queries) options.queries.push_back(to_int("queries", q, "values in [1, 8]"));
-      const mla::TensorView scratch = to_view("query_scratch", tensors_.query_scratch);
-      device_index_ = scratch.device_index;
+      const mla::TensorView scratch = to_optional_view("query_scratch", tensors_.query_scratch);
+      device_index_ = group_ ? static_cast<int>(group_->device_index()) : scratch.device_index;
       prepared_ = std::make_unique<mla::PreparedMla>(weights, dims, pitch_of_batch, scratch, options);
     });
     handle_ = HandleRegistry::instance().add(this);
@@ -234,10 +291,12 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
     return step;
   }
 
-  // The tensors the views of `prepared_` point into, kept alive as long as the object.
+  // What `prepared_` points into, kept alive as long as the object (declared first, destroyed last):
+  // the tensors of its views and the DCP group (null without DCP).
   struct OwnedTensors {
-    at::Tensor q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv, query_scratch;
+    at::Tensor q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv, query_scratch;  // query_scratch undefined under DCP
   } tensors_;
+  c10::intrusive_ptr<DcpGroupHolder> group_;
   std::unique_ptr<mla::PreparedMla> prepared_;
   int64_t device_index_ = 0;
   int64_t handle_ = 0;
@@ -258,11 +317,22 @@ void run_step(int64_t handle, const at::Tensor& projected, const at::Tensor& out
 }  // namespace mla_torch
 
 TORCH_LIBRARY(mla_decode, m) {
+  using mla_torch::DcpGroupHolder;
   using mla_torch::PreparedMlaHolder;
+  m.class_<DcpGroupHolder>("DcpGroup")
+      .def(torch::init<std::string, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>())
+      .def("barrier", &DcpGroupHolder::barrier)
+      .def("rank", &DcpGroupHolder::rank)
+      .def("size", &DcpGroupHolder::size)
+      .def("interleave", &DcpGroupHolder::interleave)
+      .def("num_heads", &DcpGroupHolder::num_heads)
+      .def("max_rows", &DcpGroupHolder::max_rows)
+      .def("device_index", &DcpGroupHolder::device_index)
+      .def("transport", &DcpGroupHolder::transport);
   m.class_<PreparedMlaHolder>("PreparedMla")
       .def(torch::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, double, double, double, int64_t,
-                       std::vector<int64_t>, std::vector<int64_t>, at::Tensor, int64_t, std::string, int64_t,
-                       std::vector<int64_t>>())
+                       std::vector<int64_t>, std::vector<int64_t>, std::optional<at::Tensor>, int64_t, std::string,
+                       std::optional<c10::intrusive_ptr<DcpGroupHolder>>, int64_t, std::vector<int64_t>>())
       .def("prepare", &PreparedMlaHolder::prepare)
       .def("check_step", &PreparedMlaHolder::check_step)
       .def("shapes", &PreparedMlaHolder::shapes)

@@ -1,7 +1,9 @@
-"""The Python face of mla::PreparedMla: read a layer from an attention module, prepare, run steps."""
+"""The Python face of mla::PreparedMla: read a layer from an attention module, prepare, run steps;
+under decode context parallelism, one rank's group (DcpGroup) and its share of each sequence."""
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
+import os
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -139,48 +141,184 @@ def read_layer(attention: Any) -> LayerTensors:
     )
 
 
+def _cuda_device(device: Union[None, int, str, torch.device]) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if resolved.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {resolved}")
+    return resolved if resolved.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+class DcpGroup:
+    """This process's rank of a decode-context-parallel (DCP) group: one rank per process, on any GPUs
+    of one host (several ranks may share a GPU).
+
+    The ranks find each other through files in ``directory`` (mla::FileBootstrap: it must exist, be
+    empty, be seen by every rank and serve this one group; the caller removes it afterwards), then map
+    each other's buffers with CUDA IPC (mla::IpcDcp). Per rank and parity the group holds the mailbox
+    ``[max_rows, size*num_heads, 576]`` (every rank's query), this rank's partial latent and LSE over
+    its shard for all ``size*num_heads`` heads, and the epoch signals that order the ranks' stages.
+
+    Construction is collective: every rank constructs its group within ``bootstrap_timeout_ms`` of the
+    others. So is destruction (a barrier before the buffers are unmapped): every rank drops its last
+    reference at the same point (the ``PreparedMla`` objects built with the group hold one each).
+
+    Args:
+        directory: the rendezvous directory shared by the ranks.
+        rank: this process's rank k in ``[0, size)``.
+        size: D, ranks in the group, 2..8.
+        interleave: I, consecutive global positions owned together: rank k owns position g iff
+            ``(g // I) % D == k`` (DESIGN.md §4, DCP; ``dcp_local_lengths`` gives each rank's count).
+        num_heads: H, the heads this rank serves (its ``W_UK_T.shape[0]``); the core of every rank
+            runs all D*H heads over its own shard.
+        max_rows: rows of the largest batch any ``PreparedMla`` of the group will run.
+        device: this rank's CUDA device (an index, ``"cuda:N"`` or a ``torch.device``); None = the
+            current one.
+        wait_timeout_ms: how long a step's wait for a peer spins on the GPU before it traps (the step
+            then fails with a CUDA error instead of hanging).
+        bootstrap_timeout_ms: how long construction, ``barrier`` and destruction wait for a peer.
+
+    Raises RuntimeError with the library's message (naming the argument, what was expected and what
+    came) for bad arguments, a peer whose group differs (D, I, H, max_rows) or a timed-out peer.
+    """
+
+    def __init__(self, directory: Union[str, os.PathLike], rank: int, size: int, *, interleave: int,
+                 num_heads: int, max_rows: int, device: Union[None, int, str, torch.device] = None,
+                 wait_timeout_ms: int = 10000, bootstrap_timeout_ms: int = 30000):
+        _library.load()
+        self.device = _cuda_device(device)
+        self._group = torch.classes.mla_decode.DcpGroup(
+            os.fspath(directory), int(rank), int(size), int(interleave), int(num_heads), int(max_rows),
+            self.device.index, int(wait_timeout_ms), int(bootstrap_timeout_ms))
+
+    @property
+    def rank(self) -> int:
+        return self._group.rank()
+
+    @property
+    def size(self) -> int:
+        return self._group.size()
+
+    @property
+    def interleave(self) -> int:
+        return self._group.interleave()
+
+    @property
+    def num_heads(self) -> int:
+        """H, the heads this rank serves."""
+        return self._group.num_heads()
+
+    @property
+    def max_rows(self) -> int:
+        return self._group.max_rows()
+
+    @property
+    def transport(self) -> str:
+        """How the ranks reach each other's buffers: ``"cuda-ipc"``."""
+        return self._group.transport()
+
+    def barrier(self) -> None:
+        """Returns once every rank has called it (collective; a file exchange, not for every step).
+
+        Call it after every rank has run ``prepare_cache`` on every layer and before the first step:
+        a rank's warm-up writes its own buffers, which a peer's first step must not overwrite."""
+        self._group.barrier()
+
+    def __repr__(self) -> str:
+        return (f"DcpGroup(rank={self.rank}, size={self.size}, interleave={self.interleave}, "
+                f"num_heads={self.num_heads}, max_rows={self.max_rows}, device={self.device}, "
+                f"transport={self.transport!r})")
+
+
+def dcp_local_lengths(lengths: torch.Tensor, rank: int, size: int, interleave: int) -> torch.Tensor:
+    """Tokens of each sequence that DCP rank ``rank`` of ``size`` holds, from the global lengths.
+
+    Rank k owns global position g iff ``(g // interleave) % size == k`` (DESIGN.md §4, DCP), so of a
+    sequence of T tokens it holds ``(T // (I*D)) * I + clamp(T % (I*D) - k*I, 0, I)``: the ``lengths``
+    of that rank's step, whose ``totals`` are the global ``lengths`` given here. Its local token j is
+    global position ``((j // I) * D + k) * I + j % I``.
+
+    ``lengths`` is an integer tensor of non-negative values on any device; the result has its shape,
+    dtype and device. Only tensor arithmetic (no synchronization), so it may run inside a captured
+    CUDA graph. Raises ValueError for a non-integer tensor, ``size < 1``, ``rank`` outside
+    ``[0, size)`` or ``interleave < 1``.
+    """
+    if not isinstance(lengths, torch.Tensor) or lengths.is_floating_point() or lengths.is_complex() \
+            or lengths.dtype == torch.bool:
+        got = lengths.dtype if isinstance(lengths, torch.Tensor) else type(lengths).__name__
+        raise ValueError(f"lengths: expected an integer tensor, got {got}")
+    if size < 1:
+        raise ValueError(f"size: expected >= 1, got {size}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank: expected in [0, {size}), got {rank}")
+    if interleave < 1:
+        raise ValueError(f"interleave: expected >= 1, got {interleave}")
+    cycle = interleave * size
+    in_last_cycle = lengths % cycle - rank * interleave
+    return (lengths // cycle) * interleave + in_last_cycle.clamp(0, interleave)
+
+
 class PreparedMla:
     """The decode step of one MLA layer on one GPU, planned once for every batch size it will see.
 
     Args:
-        attention: the layer's attention module; see ``read_layer`` for the attributes read.
+        attention: the layer's attention module; see ``read_layer`` for the attributes read. Under
+            DCP: this rank's H heads (``q_b_proj``, ``W_UK_T``, ``W_UV`` of heads [k*H, (k+1)*H)),
+            the scales shared by the group.
         pitches: ``{batch_rows: pitch}``, the row stride (elements) of ``projected`` for each batch
             size; pitch >= 2112 + H*128 and a multiple of 8.
         query_scratch: ``[max batch_rows, H, 576]`` float8_e4m3fn (or uint8) CUDA tensor the query
             stage writes and the core reads; it selects the device. Kept alive by this object.
+            None under DCP (the group's mailboxes replace it; the group selects the device).
         max_context: the deployment's longest sequence (bounds the split count); None = 2**17.
         core: attention core, one of ``CORES`` (``"auto"`` picks per (batch, q)).
-        dcp: decode context parallelism group; only None in this build (DCP groups: issue 5).
-        parity: DCP mailbox double-buffer bit, 0 or 1.
+        dcp: this rank's ``DcpGroup`` (decode context parallelism), or None. Its ``num_heads`` must be
+            the layer's H and its ``max_rows`` at least the largest batch. Kept alive by this object.
+        parity: DCP mailbox double-buffer bit, 0 or 1: consecutive layers alternate (layer l takes
+            l % 2), so one layer never overwrites what a slower peer still reads of the previous one.
         queries: the q values (rows per request, 1..8) steps will use. Shapes
             ``{(b, q): b in pitches, q in queries, b % q == 0}`` are prepared.
 
     Errors (bad shapes, dtypes, strides, devices, an unknown (batch, q), ...) are RuntimeError with the
     library's message, which names the argument, what was expected and what came; nothing is written.
-    The object must outlive every CUDA graph that captured its ``run``: the graph replays launches that
-    read the object's buffers.
+    A ``dcp`` that is not a ``DcpGroup``, a group of other heads, or a query scratch given (or missing)
+    against the DCP setting is a ValueError. The object must outlive every CUDA graph that captured its
+    ``run``: the graph replays launches that read the object's buffers.
     """
 
-    def __init__(self, attention: Any, pitches: Mapping[int, int], query_scratch: torch.Tensor, *,
-                 max_context: Optional[int] = None, core: str = "auto", dcp: Any = None, parity: int = 0,
-                 queries: Sequence[int] = (1,)):
+    def __init__(self, attention: Any, pitches: Mapping[int, int], query_scratch: Optional[torch.Tensor] = None,
+                 *, max_context: Optional[int] = None, core: str = "auto", dcp: Optional[DcpGroup] = None,
+                 parity: int = 0, queries: Sequence[int] = (1,)):
+        if dcp is not None and not isinstance(dcp, DcpGroup):
+            raise ValueError(f"dcp: expected None or a mla_decode.DcpGroup, got {type(dcp).__name__}")
         _library.load()
-        if dcp is not None:
-            raise ValueError(f"dcp: expected None (DCP groups are not available in this build yet), got {dcp!r}")
         self.layer = read_layer(attention)
-        batch_sizes = [int(rows) for rows in pitches]
         layer = self.layer
+        if dcp is not None:
+            if dcp.num_heads != layer.num_heads:
+                raise ValueError(f"dcp: expected a group of num_heads = {layer.num_heads} (the heads of this "
+                                 f"rank's layer, W_UK_T.shape[0]), got a group of num_heads = {dcp.num_heads}")
+            if query_scratch is not None:
+                raise ValueError("query_scratch: expected None under DCP (the group's mailboxes hold the query), "
+                                 f"got a tensor of shape {list(query_scratch.shape)}")
+        elif query_scratch is None:
+            raise ValueError(f"query_scratch: expected a [max batch rows, {layer.num_heads}, 576] float8_e4m3fn "
+                             "CUDA tensor (None only with dcp=), got None")
+        batch_sizes = [int(rows) for rows in pitches]
         self._prepared = torch.classes.mla_decode.PreparedMla(
             layer.q_a_norm, layer.kv_a_norm, layer.q_b_proj, layer.w_uk_t, layer.w_uv,
             layer.q_scale, layer.k_scale, layer.rms_eps, layer.num_heads,
             batch_sizes, [int(pitches[rows]) for rows in pitches], query_scratch,
-            _DEFAULT_MAX_CONTEXT if max_context is None else int(max_context), core, int(parity),
-            [int(q) for q in queries])
+            _DEFAULT_MAX_CONTEXT if max_context is None else int(max_context), core,
+            None if dcp is None else dcp._group, int(parity), [int(q) for q in queries])
         # The step op finds the object by this integer: a constant to torch.compile (see csrc/mla_torch.cpp).
         self._handle = self._prepared.handle()
         self.query_scratch = query_scratch
+        self.dcp = dcp
+        self.parity = int(parity)
         self.num_heads = layer.num_heads
-        self.device = query_scratch.device
+        self.device = dcp.device if dcp is not None else query_scratch.device
         self.queries = tuple(int(q) for q in queries)
 
     @property
@@ -203,16 +341,21 @@ class PreparedMla:
         """Runs one decode step on the current CUDA stream and returns ``out``.
 
         Only launches kernels (no allocation, no synchronization): capturable in a CUDA graph, and one
-        opaque op (``torch.ops.mla_decode.run``) to torch.compile.
+        opaque op (``torch.ops.mla_decode.run``) to torch.compile. Under DCP the step publishes this
+        rank's query to every peer and waits on the GPU for the peers' query and partials, so every
+        rank runs the same sequence of steps per parity (eagerly or as graph replays).
 
         Args:
             projected: ``[rows, >= 2112 + H*128]`` bf16, row stride = the pitch prepared for ``rows``:
                 columns ``[0,1536)`` q_a, ``[1536,2048)`` kv_a, ``[2048,2112)`` k_pe, then H*128 gate logits.
             out: ``[rows, H*128]`` bf16, contiguous; written.
-            cache: the ``[num_pages, 64, 576]`` FP8 KV cache; this step's rows are written at ``slots``.
-            slots: ``[rows]`` int64, cache slot (page*64 + offset) of each row's new token, -1 = none.
+            cache: the ``[num_pages, 64, 576]`` FP8 KV cache (under DCP: this rank's shard); this
+                step's rows are written at ``slots``.
+            slots: ``[rows]`` int64, cache slot (page*64 + offset) of each row's new token, -1 = none
+                (under DCP, -1 for every token another rank owns).
             block_table: ``[reqs, max_pages]`` int32, reqs <= rows / q (missing requests are empty).
-            lengths: ``[reqs]`` int32, tokens in the cache including this step's new ones.
+            lengths: ``[reqs]`` int32, tokens in the cache including this step's new ones (under DCP
+                the local ones: ``dcp_local_lengths(totals, rank, size, interleave)``).
             totals: ``[reqs]`` int32 global lengths under DCP; None without DCP.
             q: rows per request (1 + draft length), one of the prepared ``queries``.
         """

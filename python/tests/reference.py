@@ -1,4 +1,5 @@
-"""Pure-PyTorch float64 reference of the MLA decode layer: DESIGN.md §4, one function per stage.
+"""Pure-PyTorch float64 reference of the MLA decode layer: DESIGN.md §4, one function per stage, and
+the same step on D decode-context-parallel ranks (run_layer_dcp), merged by LSE as DESIGN.md says.
 
 Quantizes where the kernels do and nowhere else: bf16 after the RMSNorms and q_b_proj, e4m3 for the
 query and the cache rows, bf16 for the latent and the output. All math on the CPU in float64.
@@ -89,31 +90,66 @@ def write_cache(cache: torch.Tensor, slots: torch.Tensor, cache_rows: torch.Tens
     return written
 
 
-def attention_core(query: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
-                   q: int, softmax_scale: float, k_scale: float) -> torch.Tensor:
-    """Bottom-right causal attention over the paged cache (§4 core). `query` [rows, H, 576] codes,
-    `cache` [pages, 64, 576] codes. Returns the bf16-rounded latent [rows, H, 512] (0 where a row sees
-    nothing; rows of missing requests are 0)."""
+def dcp_global_positions(local_length: int, rank: int, size: int, interleave: int) -> torch.Tensor:
+    """Global position of each local token j in [0, local_length) of DCP rank `rank` of `size`:
+    ((j // I) * D + k) * I + j % I (DESIGN.md §4 core). size = 1: j itself."""
+    j = torch.arange(local_length)
+    return ((j // interleave) * size + rank) * interleave + j % interleave
+
+
+def attention_partial(query: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+                      q: int, softmax_scale: float, k_scale: float, totals: torch.Tensor = None, rank: int = 0,
+                      size: int = 1, interleave: int = 1):
+    """Bottom-right causal attention over one paged cache (§4 core): the whole context, or under DCP
+    rank `rank`'s shard with the global causal bound from `totals`. `query` [rows, H, 576] codes,
+    `cache` [pages, 64, 576] codes. Returns (latent [rows, H, 512] float64, not rounded; lse [rows, H]
+    natural log): 0 and -inf where a row sees nothing and for rows of missing requests."""
     query_values = e4m3_values(query.cpu())
     rows, heads, _ = query_values.shape
     latent = torch.zeros(rows, heads, KV_LORA_RANK, dtype=torch.float64)
+    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64)
     cache, block_table, lengths = cache.cpu(), block_table.cpu(), lengths.cpu()
+    totals = lengths if totals is None else totals.cpu()
     for b in range(lengths.shape[0]):
-        length = int(lengths[b])
+        length, total = int(lengths[b]), int(totals[b])
         if length == 0:
             continue
         positions = torch.arange(length)
         pages = block_table[b, positions // PAGE_SIZE].long()
         keys = e4m3_values(cache[pages, positions % PAGE_SIZE])  # [L, 576]
+        global_positions = dcp_global_positions(length, rank, size, interleave)
         for i in range(q):
-            # Token j is visible to row i iff j <= L - q + i: a prefix of the request's tokens.
-            visible = min(max(length - q + i + 1, 0), length)
-            if visible == 0:
+            # Local token j is visible to row i iff its global position is <= T - q + i.
+            visible = global_positions <= total - q + i
+            if not visible.any():
                 continue
-            logits = softmax_scale * query_values[b * q + i] @ keys[:visible].T  # [H, visible]
-            weights = torch.softmax(logits, dim=-1)
-            latent[b * q + i] = bf16(k_scale * weights @ keys[:visible, :KV_LORA_RANK])
-    return latent
+            logits = softmax_scale * query_values[b * q + i] @ keys[visible].T  # [H, visible]
+            row_lse = torch.logsumexp(logits, dim=-1)
+            weights = torch.exp(logits - row_lse[:, None])
+            latent[b * q + i] = k_scale * weights @ keys[visible, :KV_LORA_RANK]
+            lse[b * q + i] = row_lse
+    return latent, lse
+
+
+def lse_merge(partials):
+    """Merges (latent, lse) partials of the same rows and heads (§4 split-KV and DCP): lse = ln sum
+    exp(lse_p), latent = sum exp(lse_p - lse) latent_p; a part that saw nothing (lse_p = -inf) weighs
+    exactly 0, and where every part saw nothing the result is 0 and -inf."""
+    lse_parts = torch.stack([lse for _, lse in partials])  # [P, rows, H]
+    largest = lse_parts.max(dim=0).values
+    shift = torch.where(torch.isfinite(largest), largest, torch.zeros_like(largest))
+    lse = shift + torch.log(torch.exp(lse_parts - shift).sum(dim=0))
+    weights = torch.where(torch.isfinite(lse), torch.exp(lse_parts - lse), torch.zeros_like(lse_parts))
+    latent = sum(weight[:, :, None] * part_latent for weight, (part_latent, _) in zip(weights, partials))
+    return latent, lse
+
+
+def attention_core(query: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+                   q: int, softmax_scale: float, k_scale: float) -> torch.Tensor:
+    """attention_partial over the whole context, the latent rounded to bf16 [rows, H, 512] (0 where a
+    row sees nothing; rows of missing requests are 0)."""
+    latent, _ = attention_partial(query, cache, block_table, lengths, q, softmax_scale, k_scale)
+    return bf16(latent)
 
 
 def value_stage(latent: torch.Tensor, w_uv: torch.Tensor, projected: torch.Tensor, zero_rows: torch.Tensor,
@@ -156,3 +192,37 @@ def core_and_value(layer, query, cache, block_table, lengths, q, projected):
     latent = attention_core(query, cache, block_table, lengths, q, softmax_scale(layer), layer.k_scale)
     rows = projected.shape[0]
     return value_stage(latent, layer.w_uv, projected, zero_rows(rows, q, lengths), layer.num_heads)
+
+
+def run_layer_dcp(layers, steps, q, interleave):
+    """The step on D = len(steps) DCP ranks, phase by phase as the GPUs run it (§4 DCP). `layers[k]` is
+    rank k's LayerTensors (its H heads, the group's scales); `steps[k]` a mapping with rank k's
+    projected (shared q_a | kv_a | k_pe, its own gate), cache shard, slots (-1 for tokens it does not
+    own), block_table, lengths (local) and totals (global). Returns (outs: rank k's out [rows, H*128]
+    float64 of bf16 values; caches: rank k's cache after (uint8, CPU); the mailbox [rows, D*H, 576] of
+    query codes (uint8) every rank's core reads; merged: rank k's (latent, lse) of its heads after the
+    merge, before the bf16 rounding)."""
+    size = len(steps)
+    heads = layers[0].num_heads
+    rows = steps[0]["projected"].shape[0]
+    # Phase 1: rank k's query stage writes its own cache slots and publishes its H heads at
+    # [k*H, (k+1)*H) of every rank's mailbox (the same bytes everywhere: one copy serves every core).
+    queries, caches = [], []
+    for layer, step in zip(layers, steps):
+        query, new_rows = query_stage(layer, step["projected"])
+        queries.append(query)
+        caches.append(write_cache(step["cache"], step["slots"], new_rows))
+    mailbox = torch.cat([query.view(torch.uint8) for query in queries], dim=1)
+    # Phase 2: rank k's core over all D*H heads and its own shard, global causal bounds from totals.
+    partials = [attention_partial(mailbox, caches[k], steps[k]["block_table"], steps[k]["lengths"], q,
+                                  softmax_scale(layers[k]), layers[k].k_scale, totals=steps[k]["totals"],
+                                  rank=k, size=size, interleave=interleave) for k in range(size)]
+    # Phase 3: rank k merges the D partials of its own heads by LSE, then W_UV and its gate; rows of
+    # requests with no token anywhere (totals 0) and of missing requests are 0.
+    outs, merged = [], []
+    for k in range(size):
+        own = [(latent[:, k * heads:(k + 1) * heads], lse[:, k * heads:(k + 1) * heads]) for latent, lse in partials]
+        merged.append(lse_merge(own))
+        outs.append(value_stage(bf16(merged[k][0]), layers[k].w_uv, steps[k]["projected"],
+                                zero_rows(rows, q, steps[k]["totals"]), heads))
+    return outs, caches, mailbox, merged

@@ -12,74 +12,18 @@ Checks per step (as tests/gpu/pipeline does in C++):
   * rows of empty and padding requests exactly +0.
 """
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the mla_decode GPU tests need it")
 
+import harness  # noqa: E402
 import mla_decode  # noqa: E402
 import reference as ref  # noqa: E402
 
-
-def _hopper_missing_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device (or a CPU-only PyTorch): GPU tests of the mla_decode binding not run"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"{torch.cuda.get_device_name()} is not Hopper (sm_90a kernels): GPU tests not run"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_hopper_missing_reason() is not None, reason=_hopper_missing_reason() or "")
+pytestmark = pytest.mark.skipif(harness.hopper_missing_reason() is not None,
+                                reason=harness.hopper_missing_reason() or "")
 
 DEVICE = "cuda"
-SAME_BYTES_BOUND = 1e-2
-WHOLE_CHAIN_BOUND = 8e-2
-
-
-# ---- Synthetic layers and steps (scaled like tools/synthetic.h) ---------------------------------------
-
-def _randn(generator, *shape, std=1.0, mean=0.0):
-    return torch.randn(*shape, generator=generator, dtype=torch.float64) * std + mean
-
-
-def _pow2_at_least(x):
-    return 2.0 ** math.ceil(math.log2(x))
-
-
-class SyntheticAttention(torch.nn.Module):
-    """An MLA attention module with the attributes PreparedMla reads (see mla_decode.read_layer)."""
-
-    def __init__(self, heads, seed, eps=1e-5):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.q_a_layernorm = torch.nn.RMSNorm(1536, eps=eps, dtype=torch.bfloat16, device=DEVICE)
-        self.kv_a_layernorm = torch.nn.RMSNorm(512, eps=eps, dtype=torch.bfloat16, device=DEVICE)
-        self.q_b_proj = torch.nn.Linear(1536, heads * 192, bias=False, dtype=torch.bfloat16, device=DEVICE)
-        with torch.no_grad():
-            self.q_a_layernorm.weight.copy_(_randn(g, 1536, std=0.1, mean=1.0))
-            self.kv_a_layernorm.weight.copy_(_randn(g, 512, std=0.1, mean=1.0))
-            self.q_b_proj.weight.copy_(_randn(g, heads * 192, 1536, std=1536 ** -0.5))
-        self.W_UK_T = _randn(g, heads, 128, 512, std=128 ** -0.5).to(DEVICE, torch.bfloat16)
-        self.W_UV = _randn(g, heads, 512, 128, std=512 ** -0.5).to(DEVICE, torch.bfloat16)
-        # Powers of two, so that x / scale (the reference) and x * (1 / scale) (the kernels) agree.
-        # Calibrated on sample rows so the largest FP8 magnitudes land in (224, 448].
-        self.q_scale = self.k_scale = 1.0
-        sample = _projected_rows(g, 64, heads, ref.projected_width(heads))
-        layer = mla_decode.read_layer(self)
-        self.q_scale = _pow2_at_least(ref.query_values(layer, sample).abs().max().item() / ref.E4M3_MAX)
-        self.k_scale = _pow2_at_least(ref.key_values(layer, sample).abs().max().item() / ref.E4M3_MAX)
-
-
-def _projected_rows(generator, rows, heads, pitch):
-    """q_a, kv_a ~ N(0,1) x a per-row scale in [1/4, 4] (the norms remove it), k_pe ~ N(0,1), gate
-    logits ~ N(0, 2); columns past the row are NaN so a read beyond it shows."""
-    p = torch.full((rows, pitch), float("nan"), dtype=torch.float64)
-    row_scale = 2.0 ** (4 * torch.rand(rows, 1, generator=generator, dtype=torch.float64) - 2)
-    p[:, :ref.KPE_OFFSET] = _randn(generator, rows, ref.KPE_OFFSET) * row_scale
-    p[:, ref.KPE_OFFSET:ref.GATE_OFFSET] = _randn(generator, rows, ref.ROPE_DIM)
-    p[:, ref.GATE_OFFSET:ref.projected_width(heads)] = _randn(generator, rows, heads * 128, std=2.0)
-    return p.to(torch.bfloat16)
 
 
 class Step:
@@ -109,7 +53,7 @@ class Step:
         previous = [(b, j) for b, length in enumerate(lengths) for j in range(max(length - q, 0))]
         if previous:
             request, position = torch.tensor(previous).T
-            rows = ref.cache_rows(layer, _projected_rows(g, len(previous), heads, ref.projected_width(heads)))
+            rows = ref.cache_rows(layer, harness.projected_rows(g, len(previous), heads, ref.projected_width(heads)))
             pages = block_table[request, position // ref.PAGE_SIZE].long()
             cache[pages, position % ref.PAGE_SIZE] = rows.view(torch.uint8)
 
@@ -121,7 +65,7 @@ class Step:
                     page = int(block_table[b, position // ref.PAGE_SIZE])
                     slots[b * q + i] = page * ref.PAGE_SIZE + position % ref.PAGE_SIZE
 
-        self.projected = _projected_rows(g, self.rows, heads, self.pitch).to(DEVICE)[:, :ref.projected_width(heads)]
+        self.projected = harness.projected_rows(g, self.rows, heads, self.pitch).to(DEVICE)[:, :ref.projected_width(heads)]
         # page_stride_pad > 0: a page stride larger than 64 * 576 (the padding rows stay NaN).
         storage = torch.full((self.num_pages, ref.PAGE_SIZE + page_stride_pad, ref.KEY_DIM), 0x7F,
                              dtype=torch.uint8, device=DEVICE)
@@ -154,29 +98,6 @@ def _prepared(attention, step, queries=None, **options):
 
 # ---- Comparisons --------------------------------------------------------------------------------------
 
-def _e4m3_steps(a, b):
-    """Distance in e4m3 codes between two uint8 code tensors (same sign: magnitude difference)."""
-    a, b = a.to(torch.int16), b.to(torch.int16)
-    magnitude_a, magnitude_b = a & 0x7F, b & 0x7F
-    same_sign = ((a ^ b) & 0x80) == 0
-    return torch.where(same_sign, (magnitude_a - magnitude_b).abs(), magnitude_a + magnitude_b)
-
-
-def _worst_relative_error(got, expected, zero_rows, heads):
-    """Worst per-(row, head) relative L2 error over the live rows; zero rows must be exactly +0."""
-    got_bits = got.cpu().view(torch.int16)
-    assert torch.all(got_bits[zero_rows] == 0), "rows of empty or padding requests must be exactly +0"
-    g = got.cpu().to(torch.float64).view(-1, heads, 128)[~zero_rows]
-    e = expected.view(-1, heads, 128)[~zero_rows]
-    if g.numel() == 0:
-        return 0.0
-    assert torch.isfinite(g).all(), "out has non-finite values in live rows"
-    error = (g - e).norm(dim=-1)
-    scale = e.norm(dim=-1)
-    relative = torch.where(scale > 0, error / scale.clamp_min(1e-300), error)
-    return relative.max().item()
-
-
 def _expect_matches_reference(mla, step, before, cache_before):
     """Compares the GPU's out, cache and query bytes after a step with the reference."""
     layer = mla.layer
@@ -184,20 +105,18 @@ def _expect_matches_reference(mla, step, before, cache_before):
     got_cache = step.cache.view(torch.uint8).cpu()
     expected_out, expected_cache, _ = ref.run_layer(layer, before["projected"], cache_before, before["slots"],
                                                     before["block_table"], before["lengths"], step.q)
-    changed = got_cache != expected_cache
-    written = expected_cache != cache_before.view(torch.uint8)
-    far = _e4m3_steps(got_cache, expected_cache) > 1
-    assert not torch.any(changed & (far | ~written)), "cache bytes wrong or written outside this step's slots"
+    assert harness.cache_bytes_ok(got_cache, expected_cache, cache_before.view(torch.uint8)), \
+        "cache bytes wrong or written outside this step's slots"
 
     zero = ref.zero_rows(step.rows, step.q, before["lengths"])
     same_bytes = ref.core_and_value(layer, mla.query_scratch[:step.rows].cpu(), got_cache, before["block_table"],
                                     before["lengths"], step.q, before["projected"])
-    worst_same = _worst_relative_error(step.out, same_bytes, zero, heads)
-    worst_chain = _worst_relative_error(step.out, expected_out, zero, heads)
+    worst_same = harness.worst_relative_error(step.out, same_bytes, zero, heads)
+    worst_chain = harness.worst_relative_error(step.out, expected_out, zero, heads)
     print(f"H={heads} q={step.q} rows={step.rows}: worst per-(row, head) relative L2 error of out "
           f"{worst_same:.2e} on the GPU's query bytes, {worst_chain:.2e} against the whole reference")
-    assert worst_same <= SAME_BYTES_BOUND
-    assert worst_chain <= WHOLE_CHAIN_BOUND
+    assert worst_same <= harness.SAME_BYTES_BOUND
+    assert worst_chain <= harness.WHOLE_CHAIN_BOUND
 
 
 def _snapshot(step):
@@ -217,14 +136,14 @@ def _run_and_check(mla, step):
 @pytest.mark.parametrize("heads", [12, 96])
 @pytest.mark.parametrize("q", [1, 4])
 def test_matches_reference(heads, q):
-    attention = SyntheticAttention(heads, seed=100 + heads + q)
+    attention = harness.SyntheticAttention(heads, seed=100 + heads + q)
     # A request with nothing before this step, one crossing a page, an empty one, a few pages.
     step = Step(mla_decode.read_layer(attention), q, [q, 63 + q, 0, 300], seed=200 + heads + q)
     _run_and_check(_prepared(attention, step), step)
 
 
 def test_long_context_uses_splits_and_matches_reference():
-    attention = SyntheticAttention(12, seed=300)
+    attention = harness.SyntheticAttention(12, seed=300)
     step = Step(mla_decode.read_layer(attention), 1, [5000], seed=301, page_stride_pad=1)
     mla = _prepared(attention, step)
     assert mla.shapes[0].num_splits > 1, mla.shapes
@@ -233,7 +152,7 @@ def test_long_context_uses_splits_and_matches_reference():
 
 @pytest.mark.parametrize("use_pad_requests", [False, True])
 def test_padded_batch(use_pad_requests):
-    attention = SyntheticAttention(12, seed=400)
+    attention = harness.SyntheticAttention(12, seed=400)
     layer = mla_decode.read_layer(attention)
     step = Step(layer, 4, [4, 70, 1, 129, 0], seed=401, padded_requests=8)  # L < q: first rows see nothing
     if use_pad_requests:
@@ -244,7 +163,7 @@ def test_padded_batch(use_pad_requests):
 
 def test_cuda_graph_replays_with_changing_metadata():
     heads, q, requests, max_pages, num_pages = 12, 4, 4, 16, 64
-    attention = SyntheticAttention(heads, seed=500)
+    attention = harness.SyntheticAttention(heads, seed=500)
     layer = mla_decode.read_layer(attention)
 
     def make(seed, live_requests=requests):
@@ -269,7 +188,7 @@ def test_cuda_graph_replays_with_changing_metadata():
 
 
 def test_torch_compile_keeps_the_op_opaque():
-    attention = SyntheticAttention(12, seed=600)
+    attention = harness.SyntheticAttention(12, seed=600)
     layer = mla_decode.read_layer(attention)
     eager_step = Step(layer, 1, [10, 200], seed=601)
     compiled_step = Step(layer, 1, [10, 200], seed=601)
@@ -298,7 +217,7 @@ def _expect_rejected(call, match, step):
 
 
 def test_bad_inputs_raise_the_library_message():
-    attention = SyntheticAttention(12, seed=700)
+    attention = harness.SyntheticAttention(12, seed=700)
     step = Step(mla_decode.read_layer(attention), 1, [100, 5], seed=701)
     mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, 12))
     good = step.inputs()
@@ -327,7 +246,7 @@ def test_bad_inputs_raise_the_library_message():
 
 
 def test_bad_construction_raises():
-    attention = SyntheticAttention(12, seed=800)
+    attention = harness.SyntheticAttention(12, seed=800)
     width = ref.projected_width(12)
     with pytest.raises(RuntimeError, match=rf"pitches\[8\]: expected >= {width}"):
         mla_decode.PreparedMla(attention, {8: width - 8}, _scratch(8, 12))
