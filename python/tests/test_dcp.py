@@ -27,8 +27,8 @@ import reference as ref  # noqa: E402
 from mla_decode import _library  # noqa: E402
 
 RANK_SCRIPT = pathlib.Path(__file__).with_name("dcp_rank.py")
-DEADLINE_S = 240         # per case, for all ranks: start-up (torch import, CUDA), references, steps
-AFTER_FAILURE_S = 30     # how long the other ranks may still run once one has failed
+DEADLINE_S = 150         # per case, for all ranks: start-up (torch import, CUDA), references, steps
+AFTER_FAILURE_S = 20     # how long the other ranks may still run once one has failed
 LOG_TAIL_CHARS = 6000
 
 
