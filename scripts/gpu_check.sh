@@ -25,10 +25,13 @@ if [[ $mode == python || $mode == all ]]; then
   # The binding needs PIC libraries and the device's torch: its own build dir (TORCH_BUILD_DIR), so the
   # main build is untouched. Configure finds torch through python3; pytest prints every skip reason and
   # the output of passed tests too (-rP: each step's worst error, the DCP ranks' summaries).
+  # A binding built elsewhere against the same torch (MLA_DECODE_TORCH_LIBRARY) skips the build.
   torch_build=${TORCH_BUILD_DIR:-build-torch}
-  { cmake -S . -B "$torch_build" -G Ninja -DMLA_BUILD_TORCH=ON -DMLA_BUILD_TESTS=OFF -DMLA_BUILD_BENCH=OFF \
-      && cmake --build "$torch_build" --target mla_decode_torch \
-      && MLA_DECODE_TORCH_LIBRARY="$torch_build/python/libmla_decode_torch.so" python3 -m pytest -rsP -v python/tests
+  { if [[ -z ${MLA_DECODE_TORCH_LIBRARY:-} ]]; then
+      cmake -S . -B "$torch_build" -G Ninja -DMLA_BUILD_TORCH=ON -DMLA_BUILD_TESTS=OFF -DMLA_BUILD_BENCH=OFF \
+        && cmake --build "$torch_build" --target mla_decode_torch \
+        && export MLA_DECODE_TORCH_LIBRARY="$torch_build/python/libmla_decode_torch.so"
+    fi && python3 -m pytest -rsP -v python/tests
   } > "$logs/pytest.log" 2>&1
   summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$logs/pytest.log")")")
 fi

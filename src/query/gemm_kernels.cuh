@@ -3,9 +3,9 @@
 //   1. gemm_norm_kernel      RMSNorm(q_a) -> qn bf16 [rows, 1536] (workspace); RMSNorm(kv_a) | k_pe ->
 //                            the e4m3 cache row at the row's slot (after griddepcontrol.wait);
 //   2. cuBLAS GEMM           q  = bf16(qn . q_b_proj^T) [rows, H*192], fp32 accumulate;
-//   3. cuBLAS batched GEMM   ql = q_nope[h] . W_UK_T[h] [rows, H, 512], fp32 out (not rounded to bf16);
-//   4. gemm_quantize_kernel  e4m3(ql / q_scale) | e4m3(q_rope / q_scale) into the query; triggers the
-//                            dependents after its last store.
+//   3. gemm_absorb_kernel    ql = q_nope[h] . W_UK_T[h] on mma.sync (fp32), e4m3(ql / q_scale) and
+//                            e4m3(q_rope / q_scale) into the query; triggers the dependents after its
+//                            last store.
 // The rounding points are the fused kernel's (and the spec's): qn, kvn and q in bf16, ql in fp32.
 #pragma once
 
@@ -21,7 +21,6 @@
 namespace mla::query {
 
 inline constexpr int kGemmNormThreads = 256;  // one CTA a row: 6 bf16 of q_a and 2 of kv_a a thread
-inline constexpr int kGemmQuantThreads = 72;  // one CTA a (row, head): 8 query bytes a thread
 
 // Sum over the CTA (8 warps) of one value per thread, broadcast to every thread.
 __device__ __forceinline__ float block_sum_256(float v, float* scratch) {
@@ -78,27 +77,110 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
   }
 }
 
-// Grid: (rows, H). Launched in stream order after the cuBLAS GEMMs (no PDL wait needed); triggers
-// its dependents after its last store.
-__global__ void __launch_bounds__(kGemmQuantThreads) gemm_quantize_kernel(const __grid_constant__ QueryParams p,
-                                                                          const __nv_bfloat16* q, const float* ql) {
-  const int row = blockIdx.x, head = blockIdx.y, t = threadIdx.x;
-  uint8_t* dst = p.query + (int64_t(row) * p.num_heads_out + p.head_offset + head) * kKeyDim + 8 * t;
-  float v[8];
-  if (t < kKvLoraRank / 8) {
-    const float* src = ql + (int64_t(row) * p.num_heads + head) * kKvLoraRank + 8 * t;
-    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    const int d = kNopeDim + 8 * (t - kKvLoraRank / 8);
-    unpack8(*reinterpret_cast<const uint4*>(q + (int64_t(row) * p.num_heads + head) * kQkHeadDim + d), v);
+// ---- gemm_absorb_kernel: ql = q_nope . W_UK_T[h] on mma.sync, e4m3 straight from the fp32 accumulators
+// NOTE: our kernel rather than a cuBLAS batched GEMM: cuBLAS must write ql in fp32 (the spec rounds ql
+// only once, to e4m3) and a quantize kernel read it back: 2 x 4 bytes an element through HBM, which
+// made the GEMM path 0.87-0.92x the stock composition (bf16 ql) at 256 rows x H >= 64 on the H200.
+// A CTA owns (head, 64-row tile, 128-column slice): the W_UK_T[h] slice (128 x 128) and the tile's
+// q_nope in shared memory; warp w owns the 16 columns [16w, 16w + 16) for all 64 rows (M = columns
+// through ldmatrix.trans, N = rows), the fused kernel's phase-5 fragment layout.
+inline constexpr int kAbsorbRowTile = 64;
+inline constexpr int kAbsorbCols = 128;
+inline constexpr int kAbsorbWarps = kAbsorbCols / 16;  // 8
+inline constexpr int kAbsorbThreads = kAbsorbWarps * 32;
+inline constexpr int kAbsorbWStride = kAbsorbCols + 8;   // bf16; ldmatrix rows 16 bytes off per 128 B
+inline constexpr int kAbsorbQStride = kNopeDim + 8;      // bf16
+inline constexpr int kAbsorbOutStride = kAbsorbCols + 16;  // bytes
+inline constexpr size_t kAbsorbWBytes = size_t(kNopeDim) * kAbsorbWStride * 2;
+inline constexpr size_t kAbsorbQBytes = size_t(kAbsorbRowTile) * kAbsorbQStride * 2;
+inline constexpr size_t kAbsorbSmemBytes = kAbsorbWBytes + kAbsorbQBytes + size_t(kAbsorbRowTile) * kAbsorbOutStride;
+static_assert(kKvLoraRank % kAbsorbCols == 0, "the latent columns must tile by the slice");
+
+// Grid: (512 / 128 column slices, row tiles, H). Launched as a programmatic dependent of the q_b_proj
+// GEMM: the weight slice streams in before griddepcontrol.wait, q after it. Slice 0 also quantizes
+// the rope part of q. Triggers its dependents after its last store.
+__global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __grid_constant__ QueryParams p,
+                                                                     const __nv_bfloat16* q) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __nv_bfloat16* s_w = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem_raw + kAbsorbWBytes);
+  uint8_t* s_out = smem_raw + kAbsorbWBytes + kAbsorbQBytes;
+  const int col0 = blockIdx.x * kAbsorbCols, row0 = blockIdx.y * kAbsorbRowTile, head = blockIdx.z;
+  const int rows_here = min(kAbsorbRowTile, p.num_rows - row0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // W_UK_T[h][k][col0 .. col0 + 128): 128 rows of 16 16-byte chunks (independent of the producer).
+  constexpr int kChunksPerRow = kAbsorbCols / 8;
+  const __nv_bfloat16* w = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
+  for (int i = threadIdx.x; i < kNopeDim * kChunksPerRow; i += kAbsorbThreads) {
+    const int k = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+    cp_async_16(s_w + k * kAbsorbWStride + c, w + int64_t(k) * kKvLoraRank + c);
   }
-  uint2 out;
-  out.x = uint32_t(e4m3x2(v[0] * p.inv_q_scale, v[1] * p.inv_q_scale)) |
-          (uint32_t(e4m3x2(v[2] * p.inv_q_scale, v[3] * p.inv_q_scale)) << 16);
-  out.y = uint32_t(e4m3x2(v[4] * p.inv_q_scale, v[5] * p.inv_q_scale)) |
-          (uint32_t(e4m3x2(v[6] * p.inv_q_scale, v[7] * p.inv_q_scale)) << 16);
-  *reinterpret_cast<uint2*>(dst) = out;
+  grid_dependency_wait();  // q is the q_b_proj GEMM's output
+  constexpr int kQChunksPerRow = kNopeDim / 8;
+  for (int i = threadIdx.x; i < kAbsorbRowTile * kQChunksPerRow; i += kAbsorbThreads) {
+    const int r = i / kQChunksPerRow, c = (i % kQChunksPerRow) * 8;
+    if (r < rows_here) {
+      cp_async_16(s_q + r * kAbsorbQStride + c, q + (int64_t(row0 + r) * p.num_heads + head) * kQkHeadDim + c);
+    } else {
+      *reinterpret_cast<uint4*>(s_q + r * kAbsorbQStride + c) = make_uint4(0, 0, 0, 0);  // rows past the batch
+    }
+  }
+  if (blockIdx.x == 0) {
+    // The rope part: e4m3(q_rope / q_scale), 8 features a thread.
+    constexpr int kRopeVecs = kRopeDim / 8;
+    for (int i = threadIdx.x; i < rows_here * kRopeVecs; i += kAbsorbThreads) {
+      const int r = i / kRopeVecs, d = (i % kRopeVecs) * 8;
+      const int64_t qrow = int64_t(row0 + r) * p.num_heads + head;
+      float v[8];
+      unpack8(*reinterpret_cast<const uint4*>(q + qrow * kQkHeadDim + kNopeDim + d), v);
+      uint2 out;
+      out.x = uint32_t(e4m3x2(v[0] * p.inv_q_scale, v[1] * p.inv_q_scale)) |
+              (uint32_t(e4m3x2(v[2] * p.inv_q_scale, v[3] * p.inv_q_scale)) << 16);
+      out.y = uint32_t(e4m3x2(v[4] * p.inv_q_scale, v[5] * p.inv_q_scale)) |
+              (uint32_t(e4m3x2(v[6] * p.inv_q_scale, v[7] * p.inv_q_scale)) << 16);
+      *reinterpret_cast<uint2*>(p.query + (int64_t(row0 + r) * p.num_heads_out + p.head_offset + head) * kKeyDim +
+                                kKvLoraRank + d) = out;
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  // ql[rows, 16 columns of this warp], K = 128: A = W columns (ldmatrix.trans), B = q rows.
+  constexpr int kNTiles = kAbsorbRowTile / 8;
+  const int mi = lane / 8, mj = lane % 8, g = lane / 4, t = lane % 4;
+  float acc[kNTiles][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < kNopeDim / 16; ks += 2) {
+    uint32_t a0[4], a1[4];
+    ldmatrix_x4_trans(a0, s_w + (ks * 16 + mj + 8 * (mi / 2)) * kAbsorbWStride + warp * 16 + 8 * (mi % 2));
+    ldmatrix_x4_trans(a1, s_w + ((ks + 1) * 16 + mj + 8 * (mi / 2)) * kAbsorbWStride + warp * 16 + 8 * (mi % 2));
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      uint32_t b[4];
+      ldmatrix_x4(b, s_q + (nt * 8 + mj) * kAbsorbQStride + ks * 16 + 8 * mi);
+      mma_bf16_16816(acc[nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+      mma_bf16_16816(acc[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+    }
+  }
+  // d0 (column g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1): e4m3 into s_out.
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const uint16_t v01 = e4m3x2(acc[nt][0] * p.inv_q_scale, acc[nt][1] * p.inv_q_scale);
+    const uint16_t v23 = e4m3x2(acc[nt][2] * p.inv_q_scale, acc[nt][3] * p.inv_q_scale);
+    uint8_t* o = s_out + (nt * 8 + 2 * t) * kAbsorbOutStride + warp * 16 + g;
+    o[0] = uint8_t(v01 & 0xff);
+    o[kAbsorbOutStride] = uint8_t(v01 >> 8);
+    o[8] = uint8_t(v23 & 0xff);
+    o[kAbsorbOutStride + 8] = uint8_t(v23 >> 8);
+  }
+  __syncthreads();
+  constexpr int kVecsPerRow = kAbsorbCols / 16;
+  for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kAbsorbThreads) {
+    const int r = i / kVecsPerRow, v = i % kVecsPerRow;
+    uint8_t* dst = p.query + (int64_t(row0 + r) * p.num_heads_out + p.head_offset + head) * kKeyDim + col0 + v * 16;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(s_out + r * kAbsorbOutStride + v * 16);
+  }
   __syncthreads();  // every store of the CTA issued before the trigger
   trigger_dependents();
 }

@@ -129,11 +129,14 @@ void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
                        std::to_string(overrides.cluster_size) + "/" + std::to_string(overrides.store_q) + "/" +
                            std::to_string(overrides.row_tile));
   plan.path = QueryPath::kGemm;
-  plan.grid = dim3(unsigned(plan.rows), unsigned(plan.num_heads), 1);
+  plan.grid = dim3(unsigned(kKvLoraRank / kAbsorbCols), unsigned((plan.rows + kAbsorbRowTile - 1) / kAbsorbRowTile),
+                   unsigned(plan.num_heads));
+  plan.smem_bytes = kAbsorbSmemBytes;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(gemm_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kAbsorbSmemBytes)));
   plan.gemm_qn_offset = kCublasWorkspaceBytes;
   plan.gemm_q_offset = plan.gemm_qn_offset + align256(size_t(plan.rows) * kQLoraRank * 2);
-  plan.gemm_ql_offset = plan.gemm_q_offset + align256(size_t(plan.rows) * plan.num_heads * kQkHeadDim * 2);
-  plan.workspace_bytes = plan.gemm_ql_offset + size_t(plan.rows) * plan.num_heads * kKvLoraRank * 4;
+  plan.workspace_bytes = plan.gemm_q_offset + size_t(plan.rows) * plan.num_heads * kQkHeadDim * 2;
 }
 
 void check_cublas(cublasStatus_t status, const char* call) {
@@ -144,7 +147,6 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
   uint8_t* ws = static_cast<uint8_t*>(args.workspace);
   auto* qn = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_qn_offset);
   auto* q = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_q_offset);
-  auto* ql = reinterpret_cast<float*>(ws + plan.gemm_ql_offset);
   const int rows = int(plan.rows), H = plan.num_heads;
 
   cudaLaunchAttribute attr[1];
@@ -166,19 +168,15 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
                             CUDA_R_16BF, kQLoraRank, qn, CUDA_R_16BF, kQLoraRank, &zero, q, CUDA_R_16BF, H * kQkHeadDim,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (q_b_proj)");
-  // Per head h: ql [rows, 512] (row stride H*512) = q_nope [rows, 128] (row stride H*192) . W_UK_T[h] [128, 512].
-  check_cublas(cublasGemmStridedBatchedEx(args.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &one,
-                                          p.w_uk_t, CUDA_R_16BF, kKvLoraRank, int64_t(kNopeDim) * kKvLoraRank, q,
-                                          CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &zero, ql, CUDA_R_32F,
-                                          H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx (W_UK)");
 
-  cudaLaunchConfig_t quant{};
-  quant.gridDim = plan.grid;
-  quant.blockDim = dim3(kGemmQuantThreads);
-  quant.stream = stream;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&quant, gemm_quantize_kernel, p, static_cast<const __nv_bfloat16*>(q),
-                                    static_cast<const float*>(ql)));
+  cudaLaunchConfig_t absorb{};
+  absorb.gridDim = plan.grid;
+  absorb.blockDim = dim3(kAbsorbThreads);
+  absorb.dynamicSmemBytes = plan.smem_bytes;
+  absorb.stream = stream;
+  absorb.attrs = attr;
+  absorb.numAttrs = 1;  // always a programmatic dependent of the GEMM: its W_UK slice loads overlap the GEMM's tail
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, gemm_absorb_kernel, p, static_cast<const __nv_bfloat16*>(q)));
 }
 
 }  // namespace
@@ -186,7 +184,7 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
 std::string QueryPlan::describe() const {
   std::ostringstream s;
   if (path == QueryPath::kGemm) {
-    s << "rows=" << rows << " H=" << num_heads << " gemm (norm kernel, cuBLAS q_b_proj + W_UK, quantize kernel) workspace="
+    s << "rows=" << rows << " H=" << num_heads << " gemm (norm kernel, cuBLAS q_b_proj, absorb kernel) workspace="
       << workspace_bytes;
     return s.str();
   }

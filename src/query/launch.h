@@ -27,7 +27,7 @@ struct QueryPlanOverrides {
 enum class QueryPath { kFused = 1, kGemm = 2 };
 
 // The fused path: one fused_query_kernel launch, grid (C, row tiles, H), clusters of C CTAs along x.
-// The GEMM path (large batches): gemm_norm_kernel, two cuBLAS GEMMs, gemm_quantize_kernel.
+// The GEMM path (large batches): gemm_norm_kernel, the cuBLAS q_b_proj GEMM, gemm_absorb_kernel.
 struct QueryPlan {
   int64_t rows = 0;
   int num_heads = 0;
@@ -37,10 +37,10 @@ struct QueryPlan {
   dim3 grid;
   size_t smem_bytes = 0;
   // Fused: 0, or with store_q the fp32 q [rows, H*192]. GEMM path: the cuBLAS workspace, then qn
-  // bf16 [rows, 1536] at gemm_qn_offset, q bf16 [rows, H*192] at gemm_q_offset, ql fp32 [rows, H, 512]
-  // at gemm_ql_offset. The caller allocates it (256-byte aligned: cudaMalloc).
+  // bf16 [rows, 1536] at gemm_qn_offset and q bf16 [rows, H*192] at gemm_q_offset. The caller
+  // allocates it (256-byte aligned: cudaMalloc).
   size_t workspace_bytes = 0;
-  size_t gemm_qn_offset = 0, gemm_q_offset = 0, gemm_ql_offset = 0;
+  size_t gemm_qn_offset = 0, gemm_q_offset = 0;
 
   std::string describe() const;  // "rows=16 H=12 row_tile=16 cluster=8 ..." for logs and benchmarks
 };
