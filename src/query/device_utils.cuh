@@ -82,4 +82,26 @@ __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
+// e4m3(v[i] * scale) for 8 values, byte i = element i (one 8-byte store of 8 consecutive features).
+__device__ __forceinline__ uint2 e4m3x8(const float (&v)[8], float scale) {
+  uint2 out;
+  out.x = uint32_t(e4m3x2(v[0] * scale, v[1] * scale)) | (uint32_t(e4m3x2(v[2] * scale, v[3] * scale)) << 16);
+  out.y = uint32_t(e4m3x2(v[4] * scale, v[5] * scale)) | (uint32_t(e4m3x2(v[6] * scale, v[7] * scale)) << 16);
+  return out;
+}
+
+// The absorption's m16n8 C fragment (M = 16 latent columns from col0, N = 8 rows from row0; lane
+// (g, t) holds d0 (column g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1)) as e4m3(d * scale)
+// bytes into a shared [row][stride] staging tile of the query bytes.
+__device__ __forceinline__ void stage_e4m3_fragment(uint8_t* tile, int stride, int row0, int col0,
+                                                    const float (&d)[4], float scale, int g, int t) {
+  const uint16_t v01 = e4m3x2(d[0] * scale, d[1] * scale);
+  const uint16_t v23 = e4m3x2(d[2] * scale, d[3] * scale);
+  uint8_t* o = tile + (row0 + 2 * t) * stride + col0 + g;
+  o[0] = uint8_t(v01 & 0xff);
+  o[stride] = uint8_t(v01 >> 8);
+  o[8] = uint8_t(v23 & 0xff);
+  o[stride + 8] = uint8_t(v23 >> 8);
+}
+
 }  // namespace mla::query

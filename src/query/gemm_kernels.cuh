@@ -134,13 +134,8 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
       const int64_t qrow = int64_t(row0 + r) * p.num_heads + head;
       float v[8];
       unpack8(*reinterpret_cast<const uint4*>(q + qrow * kQkHeadDim + kNopeDim + d), v);
-      uint2 out;
-      out.x = uint32_t(e4m3x2(v[0] * p.inv_q_scale, v[1] * p.inv_q_scale)) |
-              (uint32_t(e4m3x2(v[2] * p.inv_q_scale, v[3] * p.inv_q_scale)) << 16);
-      out.y = uint32_t(e4m3x2(v[4] * p.inv_q_scale, v[5] * p.inv_q_scale)) |
-              (uint32_t(e4m3x2(v[6] * p.inv_q_scale, v[7] * p.inv_q_scale)) << 16);
       *reinterpret_cast<uint2*>(p.query + (int64_t(row0 + r) * p.num_heads_out + p.head_offset + head) * kKeyDim +
-                                kKvLoraRank + d) = out;
+                                kKvLoraRank + d) = e4m3x8(v, p.inv_q_scale);
     }
   }
   cp_async_wait_all();
@@ -163,17 +158,9 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
       mma_bf16_16816(acc[nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
     }
   }
-  // d0 (column g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1): e4m3 into s_out.
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const uint16_t v01 = e4m3x2(acc[nt][0] * p.inv_q_scale, acc[nt][1] * p.inv_q_scale);
-    const uint16_t v23 = e4m3x2(acc[nt][2] * p.inv_q_scale, acc[nt][3] * p.inv_q_scale);
-    uint8_t* o = s_out + (nt * 8 + 2 * t) * kAbsorbOutStride + warp * 16 + g;
-    o[0] = uint8_t(v01 & 0xff);
-    o[kAbsorbOutStride] = uint8_t(v01 >> 8);
-    o[8] = uint8_t(v23 & 0xff);
-    o[kAbsorbOutStride + 8] = uint8_t(v23 >> 8);
-  }
+  for (int nt = 0; nt < kNTiles; ++nt)
+    stage_e4m3_fragment(s_out, kAbsorbOutStride, nt * 8, warp * 16, acc[nt], p.inv_q_scale, g, t);
   __syncthreads();
   constexpr int kVecsPerRow = kAbsorbCols / 16;
   for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kAbsorbThreads) {

@@ -206,20 +206,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
           // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
           y[e] = __bfloat162float(__float2bfloat16_rn(f[j][e] * inv_rms * w[e])) * p.inv_k_scale;
         }
-        uint2 out;
-        out.x = uint32_t(e4m3x2(y[0], y[1])) | (uint32_t(e4m3x2(y[2], y[3])) << 16);
-        out.y = uint32_t(e4m3x2(y[4], y[5])) | (uint32_t(e4m3x2(y[6], y[7])) << 16);
-        *reinterpret_cast<uint2*>(dst + j * 256 + lane * 8) = out;
+        *reinterpret_cast<uint2*>(dst + j * 256 + lane * 8) = e4m3x8(y, 1.0f);
       }
       if (lane < kRopeDim / 8) {
         float k[8];
         unpack8(*reinterpret_cast<const uint4*>(src + kProjectedKpeOffset + lane * 8), k);
-        uint2 out;
-        out.x = uint32_t(e4m3x2(k[0] * p.inv_k_scale, k[1] * p.inv_k_scale)) |
-                (uint32_t(e4m3x2(k[2] * p.inv_k_scale, k[3] * p.inv_k_scale)) << 16);
-        out.y = uint32_t(e4m3x2(k[4] * p.inv_k_scale, k[5] * p.inv_k_scale)) |
-                (uint32_t(e4m3x2(k[6] * p.inv_k_scale, k[7] * p.inv_k_scale)) << 16);
-        *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = out;
+        *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = e4m3x8(k, p.inv_k_scale);
       }
     }
   }
@@ -299,14 +291,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
         mma_bf16_16816(acc2, a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
         mma_bf16_16816(acc2, a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
       }
-      // d0 (col g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1)
-      const uint16_t v01 = e4m3x2(acc2[0] * p.inv_q_scale, acc2[1] * p.inv_q_scale);
-      const uint16_t v23 = e4m3x2(acc2[2] * p.inv_q_scale, acc2[3] * p.inv_q_scale);
-      uint8_t* o = s_out + (nt * 8 + 2 * t) * kOutStride + mt * 16 + g;
-      o[0] = uint8_t(v01 & 0xff);
-      o[kOutStride] = uint8_t(v01 >> 8);
-      o[8] = uint8_t(v23 & 0xff);
-      o[kOutStride + 8] = uint8_t(v23 >> 8);
+      stage_e4m3_fragment(s_out, kOutStride, nt * 8, mt * 16, acc2, p.inv_q_scale, g, t);
     }
   }
   __syncthreads();
