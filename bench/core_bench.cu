@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3 ...]
 //              [--small-batch] [--splits N ...]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4), and
@@ -63,7 +63,7 @@ struct Variant {
 };
 constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::core::kKernelMmaSync, 2},
                                  {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
-                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma4", mla::core::kKernelWgmma, 4}};
+                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3}};
 
 struct Result {
   double us, gbs, pct, tflops;
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
       known = split_counts.back() >= 0;
     }
     if (!known) {
-      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma4 ...] [--small-batch] [--splits N ...]\n");
+      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3 ...] [--small-batch] [--splits N ...]\n");
       return 2;
     }
   }

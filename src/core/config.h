@@ -21,7 +21,6 @@ inline constexpr int kNumWarps = 8;                // QK: warp w owns tokens [8w
 inline constexpr int kNumThreads = kNumWarps * 32;
 inline constexpr int kTokensPerWarp = kPageSize / kNumWarps;      // 8
 inline constexpr int kDimsPerWarp = kKvLoraRank / kNumWarps;      // 64
-inline constexpr int kQkSteps = kKeyDim / 32;                     // 18 k-steps of m16n8k32
 inline constexpr int kPageBytes = kPageSize * kKeyDim;            // 36864 bytes that one page moves
 
 // NOTE: a cached token row (576 B) lands in shared memory padded to 592 B (148 words = 20 mod 32).
@@ -31,6 +30,9 @@ inline constexpr int kKvRowBytes = kKeyDim + 16;
 // P tile: 16 rows x 64 tokens of fp16, rows padded to 72 halves (36 words = 4 mod 32): the A-fragment
 // loads (row g, word c) and the stores hit 32 distinct banks.
 inline constexpr int kPRowHalves = kPageSize + 8;
+// f16 query tile: 16 rows x 576 halves, rows padded to 584 halves (292 words = 4 mod 32): the
+// ldmatrix rows of one 8x8 matrix hit 32 distinct banks.
+inline constexpr int kQRowHalves = kKeyDim + 8;
 
 static_assert(kPageSize == kNumWarps * kTokensPerWarp && kTokensPerWarp == 8,
               "QK: each warp owns one n8 tile of one page");
@@ -44,7 +46,7 @@ template <int kStages>
 struct SharedMemoryPlan {
   alignas(128) uint8_t kv[kStages][kPageSize][kKvRowBytes];  // K/V page ring (V = K[:, 0:512])
   alignas(16) __half p[kBlockM][kPRowHalves];                // P of the current page (fp16)
-  alignas(16) uint8_t q[kBlockM][kKvRowBytes];               // the query tile (kQInSmem variant)
+  alignas(16) __half q[kBlockM][kQRowHalves];                // the query tile, f16 (k permuted: kernel.cuh)
   float row_max[kNumWarps][kBlockM];                         // per-warp page row max (base-2 logits)
   float row_sum[kNumWarps][kBlockM];                         // per-warp softmax sums at the end
   alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
@@ -64,13 +66,16 @@ static_assert(kKeyDim % kSw64Bytes == 0, "a token row splits into whole 64-byte 
 static_assert(kPageSize * 2 == 128, "P^T rows (64 fp16 tokens) are exactly one 128-byte swizzle row");
 static_assert(kKvLoraRank == 2 * kWgDims && kWgDims == 4 * 64, "each warpgroup owns four m64 dim tiles");
 
-// Page and query tile: [column block 9][row][64 B], 16-byte chunk c of row r stored at chunk
-// c ^ ((r >> 1) & 3) (the wgmma 64-byte swizzle, K-major). P^T: [row kTileN][64 tokens] fp16, the
-// 128-byte swizzle (chunk c of row r at c ^ (r & 7)).
+// Page: FP8 [column block 9][token 64][64 B], 16-byte chunk c of token r stored at chunk
+// c ^ ((r >> 1) & 3) (a 64-byte swizzle: keeps the ldmatrix of K and the V loads conflict-free).
+// Query tile: f16 [k block 9][row kTileN][64 halves], K-major with the wgmma 128-byte swizzle (chunk c of
+// row r at c ^ (r & 7)), its k order permuted within each 16-element step to match the K fragments
+// (kernel_wgmma.cuh). P^T: [row kTileN][64 tokens] fp16, the same 128-byte swizzle.
+inline constexpr int kSw128Halves = 64;  // f16 elements of one 128-byte swizzle row
 template <int kTileN, int kStages>
 struct WgmmaSharedMemoryPlan {
   alignas(1024) uint8_t kv[kStages][kPageBytes];
-  alignas(1024) uint8_t q[kKeyBlocks][kTileN][kSw64Bytes];
+  alignas(1024) __half q[kKeyDim / kSw128Halves][kTileN][kSw128Halves];
   alignas(1024) __half p[2][kTileN][kPageSize];  // double-buffered: the other warpgroup may still read
   float alpha[2][kTileN];                        // per-row rescale of this page (double-buffered)
   float red[2][4][kTileN / 2];                   // [warpgroup][warp][row]: page row max / final sums

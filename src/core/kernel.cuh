@@ -1,12 +1,13 @@
-// The FP8 attention core, split-KV decode kernel (DESIGN.md §4), sm_90a, mma.sync FP8 tensor cores.
+// The FP8 attention core, split-KV decode kernel (DESIGN.md §4), sm_90a, mma.sync f16 tensor cores
+// over the FP8 operands converted exactly to f16.
 //
 // Grid: x = M-tile of the request (16 rows of the folded (q row, head) M side; fastest so that the
 // M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request.
 // Block: 8 warps. Per page of 64 tokens:
 //   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead by every thread's
 //      16-byte cp.async into 592-byte shared rows);
-//   2. S = Q·K^T: warp w computes 16 rows x its 8 tokens, Q fragments held in registers
-//      (m16n8k32 e4m3, fp32 accumulate, two accumulator chains);
+//   2. S = Q·K^T: warp w computes 16 rows x its 8 tokens (m16n8k16 f16, fp32 accumulate, two
+//      accumulator chains), Q from an f16 tile in shared memory, K converted e4m3 -> f16 per page;
 //   3. online softmax in base 2: page row max across the 8 warps through shared memory, then
 //      p = exp2(s·scale·log2e − m) as fp16 into the shared P tile (sums kept in fp32);
 //   4. O += P·V in fp16 (m16n8k16, fp32 accumulate): warp w computes 16 rows x its 64 latent dims
@@ -81,15 +82,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* ptr) {
                : "r"(smem_addr(ptr)));
 }
 
-// D = A·B + D, m16n8k32, A/B e4m3, fp32 accumulate.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
@@ -129,10 +121,6 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-__device__ __forceinline__ uint32_t ld_global_u32(const uint8_t* ptr) {
-  return __ldg(reinterpret_cast<const uint32_t*>(ptr));
-}
-
 // Global position of local token j (DESIGN.md §4, DCP).
 __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& p) {
   if (p.dcp_size == 1) return j;
@@ -141,9 +129,8 @@ __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& 
 
 }  // namespace detail
 
-// kQInSmem: the query tile's A fragments come from shared memory (ldmatrix per k-step) instead of 72
-// registers per thread, so that two 8-warp CTAs per SM fit in 128 registers without spilling.
-template <int kStages, int kMinBlocksPerSm, bool kQInSmem>
+// kStages: page ring depth (2: two CTAs per SM; 3, 4: one).
+template <int kStages, int kMinBlocksPerSm>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     core_split_kernel(const __grid_constant__ CoreParams p) {
   static_assert(kTokensPerWarp == 8, "3a/3c below are written for one n8 tile of tokens per warp");
@@ -218,33 +205,27 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   static_assert(kPageSize * (kKeyDim / 16) % kNumThreads == 0, "whole cp.async chunks per thread");
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
-  // ---- Phase 2: the query tile into registers (A fragments, 18 k-steps) or shared memory ----------
-  uint32_t qa[kQInSmem ? 1 : kQkSteps][4];
-  if constexpr (kQInSmem) {
-    for (int idx = threadIdx.x; idx < kBlockM * (kKeyDim / 16); idx += kNumThreads) {
-      const int r = idx / (kKeyDim / 16);
-      const int col = (idx % (kKeyDim / 16)) * 16;
-      const int row = m_tile * kBlockM + r;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + col));
-      *reinterpret_cast<uint4*>(&smem.q[r][col]) = v;
-    }
-    __syncthreads();
-  } else {
-    const uint8_t* q0 = p.query + (entry0 + row0) * kKeyDim + 4 * c;
-    const uint8_t* q1 = p.query + (entry0 + row1) * kKeyDim + 4 * c;
-    const bool live0 = row0 < rows_m;
-    const bool live1 = row1 < rows_m;
-#pragma unroll
-    for (int ks = 0; ks < kQkSteps; ++ks) {
-      qa[ks][0] = live0 ? ld_global_u32(q0 + ks * 32) : 0u;
-      qa[ks][1] = live1 ? ld_global_u32(q1 + ks * 32) : 0u;
-      qa[ks][2] = live0 ? ld_global_u32(q0 + ks * 32 + 16) : 0u;
-      qa[ks][3] = live1 ? ld_global_u32(q1 + ks * 32 + 16) : 0u;
-    }
+  // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
+  // One thread per (row r, 16-byte group G) = one k16 step of 3a. The k order inside the step is
+  // permuted to match the K fragments there (one permutation on both operands leaves the dot product
+  // unchanged): logical k 2c + e holds byte 4c + e (the low half of word c), logical k 8 + 2c + e byte
+  // 4c + 2 + e (its high half). e4m3 -> f16 is exact.
+  for (int idx = threadIdx.x; idx < kBlockM * (kKeyDim / 16); idx += kNumThreads) {
+    const int r = idx / (kKeyDim / 16);
+    const int group = idx % (kKeyDim / 16);
+    const int row = m_tile * kBlockM + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
+    const uint4 lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z),
+                                e4m3x2_to_f16x2(v.w));
+    const uint4 hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16),
+                                e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w >> 16));
+    *reinterpret_cast<uint4*>(&smem.q[r][16 * group]) = lo;
+    *reinterpret_cast<uint4*>(&smem.q[r][16 * group + 8]) = hi;
   }
-  // ldmatrix.x4 lane address of the query tile: matrices (rows 0-7 | 8-15) x (bytes 0-15 | 16-31).
-  const uint8_t* q_lane = &smem.q[(lane % 8) + 8 * ((lane / 8) % 2)][16 * (lane / 16)];
+  __syncthreads();
+  // ldmatrix.x4 lane address of the query tile (A of m16n8k16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
+  const __half* q_lane = &smem.q[(lane % 8) + 8 * ((lane / 8) % 2)][8 * (lane / 16)];
 
   float acc[kDimsPerWarp / 32][4][4];  // [32-dim chunk][n8 tile][fragment]: 64 fp32 registers
 #pragma unroll
@@ -263,24 +244,25 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], (it / kStages) & 1);
     const uint8_t* kv = &smem.kv[stage][0][0];
 
-    // 3a. S = Q·K^T for this warp's 8 tokens (two accumulator chains: half the MMA latency chain).
+    // 3a. S = Q·K^T for this warp's 8 tokens: f16 mma.sync m16n8k16 (fp32 accumulate, exact
+    // products), 36 k16 steps in two accumulator chains (half the MMA latency chain). B = K: the FP8
+    // ldmatrix register of 16-byte group G (bytes 4c.. of token g) gives b0 (its low half: k 2c, 2c + 1)
+    // and b1 (its high half: k 2c + 8, 2c + 9), the order the query tile was permuted to.
+    // NOTE: not FP8 mma.sync m16n8k32: sm_90 has no native FP8 mma.sync; ptxas emulates it by
+    // converting both operands to f16 on every instruction (the query fragments once per page).
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     {
       float s_odd[4] = {0.f, 0.f, 0.f, 0.f};
       const uint8_t* k_row = kv + (kTokensPerWarp * warp + lane % 8) * kKvRowBytes + (lane / 8) * 16;
 #pragma unroll
       for (int kb = 0; kb < kKeyDim / 64; ++kb) {
-        uint32_t b[4];
+        uint32_t b[4];  // groups 4kb + t of token g: bytes 4c..4c+3
         ldmatrix_x4(b, k_row + kb * 64);
-        if constexpr (kQInSmem) {
-          uint32_t a_even[4], a_odd[4];
-          ldmatrix_x4(a_even, q_lane + kb * 64);
-          ldmatrix_x4(a_odd, q_lane + kb * 64 + 32);
-          mma_e4m3(s, a_even, b[0], b[1]);
-          mma_e4m3(s_odd, a_odd, b[2], b[3]);
-        } else {
-          mma_e4m3(s, qa[2 * kb], b[0], b[1]);
-          mma_e4m3(s_odd, qa[2 * kb + 1], b[2], b[3]);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t a[4];
+          ldmatrix_x4(a, q_lane + 16 * (4 * kb + t));
+          mma_f16(t % 2 == 0 ? s : s_odd, a, e4m3x2_to_f16x2(b[t]), e4m3x2_to_f16x2(b[t] >> 16));
         }
       }
 #pragma unroll

@@ -6,10 +6,11 @@
 //   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
 //      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
 //      keeps the ldmatrix of K and the V loads conflict-free);
-//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows, warp wi its 16 tokens, with
-//      mma.sync m16n8k32 e4m3 (fp32 accumulate: exact; FP8 wgmma accumulates with ~14 bits and missed
-//      the LSE bound), K and the query tile by ldmatrix from shared memory, 18 k-steps in two chains;
-//      the m16n8 C fragments are the warp's slice of an m64nN accumulator;
+//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows with f16 wgmma m64nNk16
+//      (fp32 accumulate: exact products; FP8 wgmma accumulates with ~14 bits and missed the LSE bound,
+//      and FP8 mma.sync is emulated on sm_90 by converting its operands to f16 on every instruction),
+//      A = K from registers (ldmatrix of the FP8 page, converted e4m3 -> f16 once), B = Q^T from the
+//      f16 query tile in shared memory (converted once per CTA), 36 k-steps;
 //   3. online softmax in base 2 over the tokens (the M side: quad shuffles, then the 4 warps of the
 //      warpgroup through shared memory); P^T in fp16 into a 128-byte-swizzle shared tile, the per-row
 //      rescale factor beside it; one CTA barrier;
@@ -45,23 +46,42 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t st
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Generic-proxy shared stores (P^T) become visible to wgmma (the async proxy).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// The value, hidden from the optimizer (keeps a loop-invariant computation inside the loop).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
 }
 // Pins a register's accesses in program order against the wgmma fence / wait (the compiler must not
 // move an accumulator or A-fragment write across them).
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
+// Waits until at most N committed wgmma groups of this warpgroup are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
 // D(64 x N) += A(64 x 16) · B(N x 16)^T, f16, A from registers, B from shared memory (K-major).
 template <int N>
-__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
 
 template <>
-__device__ __forceinline__ void wgmma_pv<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_rs<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
@@ -70,7 +90,7 @@ __device__ __forceinline__ void wgmma_pv<16>(float (&d)[8], const uint32_t (&a)[
 }
 
 template <>
-__device__ __forceinline__ void wgmma_pv<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_rs<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
@@ -79,7 +99,7 @@ __device__ __forceinline__ void wgmma_pv<32>(float (&d)[16], const uint32_t (&a)
 }
 
 template <>
-__device__ __forceinline__ void wgmma_pv<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
@@ -167,30 +187,40 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   };
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
-  // ---- Phase 2: the query tile into shared memory (same swizzled layout; rows past rows_m zero) ---
+  // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
+  // One thread per (row r, 16-byte group G of the 576 FP8 bytes) = one k16 step of 3a. The k order
+  // inside the step is permuted to match the K fragments there (any permutation applied to both
+  // operands leaves the dot product unchanged): logical k 2c + e holds byte 4c + e (the low half of
+  // word c), logical k 8 + 2c + e holds byte 4c + 2 + e (its high half). e4m3 -> f16 is exact.
   for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWgThreads) {
     const int r = idx / kChunksPerRow;
-    const int chunk = idx % kChunksPerRow;
+    const int group = idx % kChunksPerRow;
     const int row = tile_row0 + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + chunk * 16));
-    *reinterpret_cast<uint4*>(&smem.q[chunk / 4][r][((chunk % 4) ^ ((r >> 1) & 3)) << 4]) = v;
+    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
+    const uint4 lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z),
+                                e4m3x2_to_f16x2(v.w));
+    const uint4 hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16),
+                                e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w >> 16));
+    __half* dst = &smem.q[group / 4][r][0];
+    const int chunk = 2 * (group % 4);  // the step's two 16-byte chunks in its 128-byte row
+    *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
+    *reinterpret_cast<uint4*>(dst + 8 * ((chunk + 1) ^ (r & 7))) = hi;
   }
+  fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
 
   // ldmatrix.x4 lane addresses (lane l gives row l % 8 of matrix l / 8) through the 64-byte swizzle:
   // byte 16·chunk of row r in column block kb sits at kb·blockbytes + 64·r + 16·(chunk ^ ((r >> 1) & 3)),
-  // and k-step ks covers chunks 2·(ks % 2) + {0, 1} of block ks / 2.
-  // A = K (row-major m16 x k32): matrices (tokens 0-7 | 8-15 of the warp) x (chunk 0 | 1 of the k-step),
-  // so a0..a3 = rows g / g + 8, bytes 4c.. / 16 + 4c.. as m16n8k32 wants.
+  // and the 32-byte k-step h of block kb covers its chunks 2h + {0, 1}.
+  // K fragments (m16 x k32 bytes): matrices (tokens 0-7 | 8-15 of the warp) x (chunk 0 | 1 of the step),
+  // so registers 0..3 = tokens g / g + 8, bytes 4c.. of chunk 0, then of chunk 1.
   const int a_token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
   const int a_lane_row = a_token * kSw64Bytes;
   const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
   const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
-  // B = Q^T ("col": tile row n with k contiguous): matrices = chunks 0..3 of the column block for rows
-  // 8j + l % 8 of this warpgroup (b0, b1 of the even k-step, then of the odd one). The row groups start
-  // at multiples of 8, so the swizzle term is ((l % 8) >> 1) & 3.
-  const uint8_t* q_lane = &smem.q[0][wg * kRowsWg + lane % 8][0] + (((lane / 8) ^ (((lane % 8) >> 1) & 3)) << 4);
+  const uint32_t q_addr = smem_addr(&smem.q[0][wg * kRowsWg][0]);  // this warpgroup's rows of Q^T
+  constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;            // one 64-element k block of Q
   float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
@@ -218,38 +248,57 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], (it / kStages) & 1);
     const uint32_t kv_addr = smem_addr(smem.kv[stage]);
 
-    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows: warp wi takes its 16 tokens (one
-    // m16 A tile) x the kRowsWg rows (kGroupsS n8 B tiles) with mma.sync m16n8k32 e4m3 (fp32
-    // accumulate). The m16n8 C fragment is exactly warp wi's slice of an m64nN wgmma accumulator, so
-    // the softmax below reads it as before. NOTE: not FP8 wgmma: Hopper FP8 wgmma accumulates with
-    // ~14 significant bits (DeepSeek-V3 §3.3.2); one 18-step chain measured LSE errors up to 5e-3,
-    // one fresh accumulator per k-step still 1.08e-3 (peaky logits; bound 1e-3). mma.sync FP8 is exact
-    // to ~1e-6. Two chains per n8 tile (even / odd k-steps) halve the dependent MMA sequence.
-    float s[kGroupsS][4];
+    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows: f16 wgmma m64nNk16 (fp32
+    // accumulate), 36 k16 steps. A = K from registers: each FP8 fragment register (4 bytes 4c.. of
+    // token g or g + 8) gives two f16x2 registers (bytes 4c, 4c + 1 -> k 2c, 2c + 1; bytes 4c + 2,
+    // 4c + 3 -> k 2c + 8, 2c + 9), the order the query tile was permuted to. B = Q^T by descriptor.
+    // NOTE: not FP8: Hopper FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3 §3.3.2; one
+    // 18-step chain measured LSE errors up to 5e-3, bound 1e-3), and FP8 mma.sync is not native on
+    // sm_90 (it converts both operands to f16 on every instruction). One group per 64-byte column
+    // block, at most two in flight, bounds the live A registers to 32.
+    float s[kRowsWg / 2];  // the m64nN accumulator: rows 16wi + g (+ 8), columns 8j + 2c (+ 1)
+#pragma unroll
+    for (int e = 0; e < kRowsWg / 2; ++e) {
+      s[e] = 0.0f;
+      fence_operand(s[e]);
+    }
     {
-      float s_odd[kGroupsS][4];
-#pragma unroll
-      for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = s_odd[j][e] = 0.0f;
       const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
-#pragma unroll 3
+      // NOTE: the base address is made opaque per page: otherwise the compiler hoists the 36
+      // loop-invariant 64-bit descriptors out of the page loop (16-row tile: 253 instead of 216
+      // registers, 468 instead of 352 spilled bytes at two CTAs per SM).
+      const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
+#pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb) {
-        uint32_t a_even[4], a_odd[4];  // k-steps 2kb (chunks 0, 1) and 2kb + 1 (chunks 2, 3)
-        ldmatrix_x4(a_even, k_lane + kb * kPageBlockBytes + a_chunk_even);
-        ldmatrix_x4(a_odd, k_lane + kb * kPageBlockBytes + a_chunk_odd);
+        uint32_t f[2][4];  // FP8 K fragments of the block's 32-byte steps 0 and 1
+        ldmatrix_x4(f[0], k_lane + kb * kPageBlockBytes + a_chunk_even);
+        ldmatrix_x4(f[1], k_lane + kb * kPageBlockBytes + a_chunk_odd);
+        uint32_t a[4][4];  // f16 A fragments of k16 steps t = 0..3 (16-byte chunk t of the block)
 #pragma unroll
-        for (int j = 0; j < kGroupsS; ++j) {
-          uint32_t b[4];  // b0, b1 of k-step 2kb, then of 2kb + 1
-          ldmatrix_x4(b, q_lane + kb * (kTileN * kSw64Bytes) + j * 8 * kSw64Bytes);
-          mma_e4m3(s[j], a_even, b[0], b[1]);
-          mma_e4m3(s_odd[j], a_odd, b[2], b[3]);
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t token_g = f[t / 2][2 * (t % 2)];
+          const uint32_t token_g8 = f[t / 2][2 * (t % 2) + 1];
+          a[t][0] = e4m3x2_to_f16x2(token_g);
+          a[t][1] = e4m3x2_to_f16x2(token_g8);
+          a[t][2] = e4m3x2_to_f16x2(token_g >> 16);
+          a[t][3] = e4m3x2_to_f16x2(token_g8 >> 16);
         }
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          // the descriptor's address field counts 16-byte units
+          wgmma_rs<kRowsWg>(s, a[t], desc_q + ((kb * kQBlockBytes + t * 32) >> 4));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
       }
+      wgmma_wait<0>();
 #pragma unroll
-      for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] += s_odd[j][e];
+      for (int e = 0; e < kRowsWg / 2; ++e) fence_operand(s[e]);
     }
 
     // 3b. Scale to base-2 logits and mask (only pages reaching past a causal bound or the length).
@@ -260,7 +309,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
 #pragma unroll
     for (int j = 0; j < kGroupsS; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[4 * j + e] = s[j][e] * scale_log2;
+      for (int e = 0; e < 4; ++e) x[4 * j + e] = s[4 * j + e] * scale_log2;
     if (!full_page) {
       const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
       const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
@@ -363,13 +412,13 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
       wgmma_fence();  // the A registers (and, at kk = 0, the rescaled accumulators) are written
       const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) wgmma_pv<kTileN>(o[mt], a[mt], desc_p);
+      for (int mt = 0; mt < 4; ++mt) wgmma_rs<kTileN>(o[mt], a[mt], desc_p);
     }
     wgmma_commit();
     // NOTE: waited here, not after the next page's Q·K^T: with P·V still in flight at the loop exit,
     // ptxas serializes every wgmma of the kernel (C7515, the loop-skipped path defines the
     // accumulators); the next page's MMAs would queue behind this one anyway.
-    wgmma_wait_all();
+    wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll

@@ -23,7 +23,7 @@ struct CoreShape {
   int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
   int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync or kKernelWgmma
-  int stages = 0;                          // page ring depth: mma.sync 2, 3, 4 or 12, wgmma 2 or 4; 0 = default
+  int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma 2 or 3; 0 = default
   int tile_rows = 0;                       // wgmma N-tile 16, 32 or 64; 0 = the smallest holding q*heads
 };
 

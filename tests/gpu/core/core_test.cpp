@@ -148,7 +148,7 @@ TEST_P(CoreTest, MatchesReference) {
   base_shape.num_splits = spec.num_splits;
 
   // Every split-kernel variant that can run this shape: the mma.sync version, the planned wgmma one,
-  // its 4-stage ring, and each wgmma N-tile forced (padding rows of a large tile; several small
+  // its 3-stage ring, and each wgmma N-tile forced (padding rows of a large tile; several small
   // tiles per request).
   std::vector<core::CoreShape> variants;
   {
@@ -157,7 +157,7 @@ TEST_P(CoreTest, MatchesReference) {
     variants.push_back(v);
     v.kernel = core::kKernelWgmma;
     variants.push_back(v);
-    v.stages = 4;
+    v.stages = 3;
     variants.push_back(v);
     v.stages = 0;
     const int planned_tile = core::plan_core(v).tile_rows;
@@ -330,7 +330,7 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 3}), Error);
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 3}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
   // The planned kernel: mma.sync up to 16 folded rows (H·q), wgmma above.
