@@ -1,6 +1,7 @@
 #include "host/validate.h"
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -61,6 +62,15 @@ void require_contiguous(const std::string& name, const TensorView& t) {
 void require_rows(const std::string& name, const TensorView& t) {
   if (t.stride[1] != 1 || t.stride[0] < t.shape[1]) {
     throw_bad_argument(name, "inner stride 1 and row stride >= " + std::to_string(t.shape[1]), t.describe());
+  }
+}
+
+// The kernels read and write these tensors with 16-byte vector accesses.
+void require_16_byte_aligned(const std::string& name, const TensorView& t) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    std::ostringstream got;
+    got << "data pointer " << t.data << " (" << t.describe() << ")";
+    throw_bad_argument(name, "a 16-byte aligned data pointer", got.str());
   }
 }
 
@@ -216,6 +226,7 @@ void validate_step(const StepInputs& step, const StepContract& contract) {
                        step.projected.describe());
   }
   require_rows("projected", step.projected);
+  require_16_byte_aligned("projected", step.projected);
   if (contract.pitch > 0 && step.projected.stride[0] != contract.pitch) {
     throw_bad_argument("projected", "row stride " + std::to_string(contract.pitch) + " (the pitch prepared for " +
                                         std::to_string(rows) + " rows)",
@@ -228,6 +239,7 @@ void validate_step(const StepInputs& step, const StepContract& contract) {
   const int64_t max_requests = rows / step.q;
 
   require_tensor("out", step.out, DType::kBF16, {rows, int64_t{heads} * kVHeadDim}, memory, device);
+  require_16_byte_aligned("out", step.out);
 
   require_present("cache", step.cache);
   require_memory("cache", step.cache, memory, device);

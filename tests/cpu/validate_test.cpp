@@ -165,6 +165,19 @@ TEST(Validate, OutNotContiguous) {
   expect_step_error(s, host_contract(), {"out", "contiguous"});
 }
 
+// The kernels move projected and out in 16-byte vectors: an 8-byte offset view is rejected up front.
+TEST(Validate, ProjectedAndOutMustBe16ByteAligned) {
+  HostStep h;
+  h.projected.resize(h.projected.size() + 4);
+  h.out.resize(h.out.size() + 4);
+  StepInputs s = h.step();
+  s.projected.data = h.projected.data() + 4;
+  expect_step_error(s, host_contract(), {"projected", "16-byte aligned"});
+  s = h.step();
+  s.out.data = h.out.data() + 4;
+  expect_step_error(s, host_contract(), {"out", "16-byte aligned"});
+}
+
 TEST(Validate, CacheWrongPageShapeAndStride) {
   HostStep h;
   StepInputs s = h.step();
