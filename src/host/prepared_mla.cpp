@@ -448,7 +448,8 @@ void PreparedMla::prepare(const TensorView& cache) {
     core_shape.q = shape.q;
     core_shape.max_context = state.options.max_context;
     k.core = core::plan_core(core_shape);
-    k.value = value::plan_value(static_cast<int>(shape.rows), heads);
+    // Under DCP the value stage merges the D ranks' partials (the CUDA-core kernel, plan_value).
+    k.value = value::plan_value(static_cast<int>(shape.rows), heads, group != nullptr ? group->size() : 1);
     shape.num_splits = k.core.num_splits;
     query_workspace = std::max(query_workspace, k.query.workspace_bytes);
     query_gemm = query_gemm || k.query.path == query::QueryPath::kGemm;

@@ -1,45 +1,183 @@
+#include <cstdint>
 #include <string>
 
 #include "common/cuda_check.h"
 #include "value/kernel.cuh"
+#include "value/kernel_mma.cuh"
 #include "value/launch.h"
 
 namespace mla::value {
+namespace {
 
-ValuePlan plan_value(int rows, int num_heads) {
+// The grid each kernel runs for (rows, heads): one source for plan_value and launch_value's check.
+dim3 value_grid(ValueKernel kernel, int rows, int num_heads) {
+  switch (kernel) {
+    case ValueKernel::kCudaCore:
+      return dim3(kColumnSlices, num_heads, (rows + kRowsPerCta - 1) / kRowsPerCta);
+    case ValueKernel::kTensorCore:
+      return dim3((rows + kMmaRowTile - 1) / kMmaRowTile, num_heads, 1);
+    case ValueKernel::kTensorCoreSplit:
+      return dim3((rows + kMmaRowTile - 1) / kMmaRowTile, num_heads, kMmaColumnSplits);
+  }
+  throw_bad_argument("ValueKernel", "kCudaCore, kTensorCore or kTensorCoreSplit",
+                     std::to_string(static_cast<int>(kernel)));
+}
+
+// Dynamic shared memory and the carveout of one tensor-core kernel instantiation.
+template <int kCols>
+size_t prepare_mma_kernel() {
+  const size_t bytes = sizeof(MmaSharedPlan<kCols>);
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(value_mma_kernel<kCols>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  // All of the carveout to shared memory: two full-width CTAs a SM need 2 x 95 KB; the kernel's global
+  // loads are cp.async.cg (no L1), so L1 would only hold the few `lengths` reads.
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(value_mma_kernel<kCols>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  return bytes;
+}
+
+// The tensor-core kernel's cp.async reads 16-byte vectors.
+void require_aligned16(const char* argument, const void* ptr) {
+  const uintptr_t offset = reinterpret_cast<uintptr_t>(ptr) % 16;
+  if (offset != 0) {
+    throw_bad_argument(argument, "a 16-byte aligned pointer (tensor-core value kernel)",
+                       "an address " + std::to_string(offset) + " bytes past a 16-byte boundary");
+  }
+}
+
+}  // namespace
+
+const char* value_kernel_name(ValueKernel kernel) {
+  switch (kernel) {
+    case ValueKernel::kCudaCore:
+      return "cuda-core";
+    case ValueKernel::kTensorCore:
+      return "tensor-core";
+    case ValueKernel::kTensorCoreSplit:
+      return "tensor-core/4";
+  }
+  return "unknown";
+}
+
+ValuePlan plan_value(int rows, int num_heads, int num_partials) {
+  // NOTE: the DCP merge is never given to the tensor-core kernel (launch.h, kernel_mma.cuh): an
+  // explicit rule of the plan, not a fallback.
+  const bool merge = num_partials > 1;
+  const int64_t full_width_ctas = int64_t{(rows + kMmaRowTile - 1) / kMmaRowTile} * num_heads;
+  ValueKernel kernel = ValueKernel::kCudaCore;
+  if (!merge && int64_t{rows} * num_heads >= kTensorCoreMinRowHeads) {
+    kernel = full_width_ctas >= kFullWidthMinCtas ? ValueKernel::kTensorCore : ValueKernel::kTensorCoreSplit;
+  }
+  return plan_value(rows, num_heads, num_partials, kernel);
+}
+
+ValuePlan plan_value(int rows, int num_heads, int num_partials, ValueKernel kernel) {
+  if (rows < 1) throw_bad_argument("plan_value: rows", ">= 1", std::to_string(rows));
+  if (num_heads < 1 || num_heads > kMaxHeads) {
+    throw_bad_argument("plan_value: num_heads", "1.." + std::to_string(kMaxHeads), std::to_string(num_heads));
+  }
+  if (num_partials < 0 || num_partials > kMaxPartials) {
+    throw_bad_argument("plan_value: num_partials", "0.." + std::to_string(kMaxPartials),
+                       std::to_string(num_partials));
+  }
   ValuePlan plan;
-  plan.grid = dim3(kColumnSlices, num_heads, (rows + kRowsPerCta - 1) / kRowsPerCta);
-  plan.block = dim3(kThreads);
+  plan.kernel = kernel;
+  plan.grid = value_grid(kernel, rows, num_heads);
+  plan.rows = rows;
+  plan.num_heads = num_heads;
+  switch (kernel) {
+    case ValueKernel::kCudaCore:
+      plan.block = dim3(kThreads);
+      plan.smem_bytes = 0;  // static shared memory only (SharedPlan)
+      break;
+    case ValueKernel::kTensorCore:
+    case ValueKernel::kTensorCoreSplit:
+      if (num_partials > 1) {
+        throw_bad_argument("plan_value: kernel for num_partials = " + std::to_string(num_partials),
+                           "cuda-core (the DCP merge keeps its merged latent in fp32)", value_kernel_name(kernel));
+      }
+      plan.block = dim3(kMmaThreads);
+      plan.smem_bytes = kernel == ValueKernel::kTensorCore ? prepare_mma_kernel<kVHeadDim>()
+                                                           : prepare_mma_kernel<kVHeadDim / kMmaColumnSplits>();
+      break;
+  }
   return plan;
 }
 
 void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t stream, bool pdl) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = plan.grid;
-  config.blockDim = plan.block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  // Bounded dispatch: one partial (or none) runs the plain kernel, 2..8 the DCP merge.
+  // Bounded dispatch: one partial (or none) runs a plain kernel, 2..8 the DCP merge.
   if (params.num_partials < 0 || params.num_partials > kMaxPartials) {
     throw_bad_argument("ValueParams.num_partials", "0.." + std::to_string(kMaxPartials),
                        std::to_string(params.num_partials));
   }
-  if (params.num_partials > 1) {
+  const bool merge = params.num_partials > 1;
+  if (merge) {
     for (int r = 0; r < params.num_partials; ++r) {
       if (params.partial_latent[r] == nullptr || params.partial_lse[r] == nullptr) {
         throw_bad_argument("ValueParams.partial_latent / partial_lse[" + std::to_string(r) + "]", "a device pointer",
                            "null");
       }
     }
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<true>, params));
-  } else {
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false>, params));
   }
+  if (plan.rows != params.rows || plan.num_heads != params.num_heads) {
+    throw_bad_argument("ValuePlan", "a plan for rows=" + std::to_string(params.rows) + " heads=" +
+                                        std::to_string(params.num_heads) + " (plan_value)",
+                       "rows=" + std::to_string(plan.rows) + " heads=" + std::to_string(plan.num_heads));
+  }
+  const dim3 grid = value_grid(plan.kernel, params.rows, params.num_heads);
+  if (plan.grid.x != grid.x || plan.grid.y != grid.y || plan.grid.z != grid.z) {
+    throw_bad_argument("ValuePlan.grid", "the grid of the " + std::string(value_kernel_name(plan.kernel)) +
+                                             " kernel (make the plan with plan_value, do not edit it)",
+                       std::to_string(plan.grid.x) + "x" + std::to_string(plan.grid.y) + "x" +
+                           std::to_string(plan.grid.z));
+  }
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = plan.grid;
+  config.blockDim = plan.block;
+  config.dynamicSmemBytes = plan.smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+
+  switch (plan.kernel) {
+    case ValueKernel::kCudaCore:
+      if (merge) {
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<true>, params));
+      } else {
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false>, params));
+      }
+      return;
+    case ValueKernel::kTensorCore:
+    case ValueKernel::kTensorCoreSplit:
+      // NOTE: the DCP merge stays on the CUDA-core kernel (fp32 merged latent); plan_value never makes
+      // this pairing, so reaching it means a plan for another step.
+      if (merge) {
+        throw_bad_argument("ValuePlan.kernel for num_partials = " + std::to_string(params.num_partials),
+                           "cuda-core (the DCP merge keeps its merged latent in fp32)", value_kernel_name(plan.kernel));
+      }
+      if (params.latent == nullptr) throw_bad_argument("ValueParams.latent", "a device pointer", "null");
+      require_aligned16("ValueParams.latent", params.latent);
+      require_aligned16("ValueParams.w_uv", params.w_uv);
+      require_aligned16("ValueParams.projected", params.projected);
+      if (params.stride_latent_row % 8 != 0 || params.stride_projected_row % 8 != 0) {
+        throw_bad_argument("ValueParams.stride_latent_row / stride_projected_row",
+                           "multiples of 8 elements (16-byte aligned rows)",
+                           std::to_string(params.stride_latent_row) + " / " +
+                               std::to_string(params.stride_projected_row));
+      }
+      if (plan.kernel == ValueKernel::kTensorCore) {
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_mma_kernel<kVHeadDim>, params));
+      } else {
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_mma_kernel<kVHeadDim / kMmaColumnSplits>, params));
+      }
+      return;
+  }
+  throw_bad_argument("ValuePlan.kernel", "kCudaCore, kTensorCore or kTensorCoreSplit",
+                     std::to_string(static_cast<int>(plan.kernel)));
 }
 
 }  // namespace mla::value

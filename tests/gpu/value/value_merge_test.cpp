@@ -116,7 +116,10 @@ void run_case(const MergeCase& c, uint64_t seed) {
         reinterpret_cast<const __nv_bfloat16*>(d_latent[p]->get()) + int64_t{c.rank} * c.heads * kKvLoraRank;
     params.partial_lse[p] = d_lse[p]->get() + int64_t{c.rank} * c.heads;
   }
-  value::launch_value(params, value::plan_value(params.rows, c.heads), nullptr, /*pdl=*/false);
+  // The merge always runs the CUDA-core kernel (its merged latent stays fp32), at every batch size.
+  const value::ValuePlan plan = value::plan_value(params.rows, c.heads, c.size);
+  ASSERT_EQ(plan.kernel, value::ValueKernel::kCudaCore);
+  value::launch_value(params, plan, nullptr, /*pdl=*/false);
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 
   const std::vector<uint16_t> got = d_out.download();
@@ -150,6 +153,7 @@ TEST(ValueKernelDcpMerge, RanksHeadsAndRows) {
     }
   }
   run_case({8, 3, 128, 1, 20, synth::random_lengths(18, 0, 50, 7)}, ++seed);  // several row tiles
+  run_case({2, 1, 12, 1, 70, synth::random_lengths(66, 0, 50, 8)}, ++seed);  // 70 rows: still the CUDA-core kernel
 }
 
 }  // namespace
