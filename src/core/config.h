@@ -16,10 +16,17 @@ namespace mla::core {
 inline constexpr int kBlockM = 16;                 // rows of one M-tile (one mma.sync m16)
 // NOTE: 8 warps, not 4: with one warp per scheduler every dependent MMA / shared load / MUFU
 // latency is exposed (measured: 4 warps x 1-2 CTAs/SM ran at 27-42 % of copy bandwidth).
-inline constexpr int kNumWarps = 8;                // QK: warp w owns tokens [8w, 8w+8) of a page;
+inline constexpr int kNumWarps = 8;                // QK: warp w owns tokens [16(w%4), +16) x k half w/4;
                                                    // PV: warp w owns latent dims [64w, 64w+64)
 inline constexpr int kNumThreads = kNumWarps * 32;
-inline constexpr int kTokensPerWarp = kPageSize / kNumWarps;      // 8
+// NOTE: Q·K^T splits the 576-long reduction in two halves (warps 0-3 and 4-7, partial sums added
+// through shared memory) so that each warp's query fragments feed two n8 token tiles: the query tile
+// is read from shared memory once per 16 tokens instead of once per 8. Shared-memory wavefronts were
+// the limit (per warp and page: query 144, K 36, V 32, P 16 of ~4450 cycles per 2 CTA-pages).
+inline constexpr int kQkTokenGroups = 4;                           // warps per k half
+inline constexpr int kQkTokensPerWarp = kPageSize / kQkTokenGroups;  // 16: two n8 tiles
+inline constexpr int kQkKHalves = kNumWarps / kQkTokenGroups;        // 2
+inline constexpr int kQkStepsPerWarp = kKeyDim / 16 / kQkKHalves;    // 18 k16 steps
 inline constexpr int kDimsPerWarp = kKvLoraRank / kNumWarps;      // 64
 inline constexpr int kPageBytes = kPageSize * kKeyDim;            // 36864 bytes that one page moves
 
@@ -34,8 +41,8 @@ inline constexpr int kPRowHalves = kPageSize + 8;
 // ldmatrix rows of one 8x8 matrix hit 32 distinct banks.
 inline constexpr int kQRowHalves = kKeyDim + 8;
 
-static_assert(kPageSize == kNumWarps * kTokensPerWarp && kTokensPerWarp == 8,
-              "QK: each warp owns one n8 tile of one page");
+static_assert(kQkTokensPerWarp == 16 && kQkKHalves == 2 && kQkStepsPerWarp % 2 == 0,
+              "QK: two n8 token tiles per warp, two k halves of whole k16-step pairs");
 static_assert(kKvLoraRank == kNumWarps * kDimsPerWarp && kDimsPerWarp % 32 == 0,
               "PV: each warp owns whole 32-dim chunks of the latent");
 static_assert(kKeyDim % 64 == 0, "QK loads K with ldmatrix.x4 over 64-byte column blocks");
@@ -47,8 +54,9 @@ struct SharedMemoryPlan {
   alignas(128) uint8_t kv[kStages][kPageSize][kKvRowBytes];  // K/V page ring (V = K[:, 0:512])
   alignas(16) __half p[kBlockM][kPRowHalves];                // P of the current page (fp16)
   alignas(16) __half q[kBlockM][kQRowHalves];                // the query tile, f16 (k permuted: kernel.cuh)
-  float row_max[kNumWarps][kBlockM];                         // per-warp page row max (base-2 logits)
-  float row_sum[kNumWarps][kBlockM];                         // per-warp softmax sums at the end
+  alignas(16) float4 s_part[kQkTokenGroups][2][32];          // QK partial sums of the second k half
+  float row_max[kQkTokenGroups][kBlockM];                    // per-token-group page row max (base-2 logits)
+  float row_sum[kQkTokenGroups][kBlockM];                    // per-token-group softmax sums at the end
   alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
 };
 

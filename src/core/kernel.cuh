@@ -133,7 +133,6 @@ __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& 
 template <int kStages, int kMinBlocksPerSm>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     core_split_kernel(const __grid_constant__ CoreParams p) {
-  static_assert(kTokensPerWarp == 8, "3a/3c below are written for one n8 tile of tokens per warp");
   using namespace detail;
   using Smem = SharedMemoryPlan<kStages>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -224,8 +223,16 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     *reinterpret_cast<uint4*>(&smem.q[r][16 * group + 8]) = hi;
   }
   __syncthreads();
-  // ldmatrix.x4 lane address of the query tile (A of m16n8k16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
-  const __half* q_lane = &smem.q[(lane % 8) + 8 * ((lane / 8) % 2)][8 * (lane / 16)];
+  // Q·K^T roles (3a): tokens [16 token_group, +16) of each page, k16 steps [18 k_half, +18).
+  const int token_group = warp % kQkTokenGroups;
+  const int k_half = warp / kQkTokenGroups;
+  // ldmatrix.x4 lane address of the query tile (A of m16n8k16): matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15),
+  // at the warp's first k16 step.
+  const __half* q_lane =
+      &smem.q[(lane % 8) + 8 * ((lane / 8) % 2)][8 * (lane / 16)] + 16 * kQkStepsPerWarp * k_half;
+  // ... and of K in a page: matrices (tokens 0-7 | 8-15 of the group) x (16-byte group s | s + 1).
+  const int k_lane_offset = (kQkTokensPerWarp * token_group + lane % 8 + 8 * (lane / 16)) * kKvRowBytes +
+                            16 * (kQkStepsPerWarp * k_half + (lane / 8) % 2);
 
   float acc[kDimsPerWarp / 32][4][4];  // [32-dim chunk][n8 tile][fragment]: 64 fp32 registers
 #pragma unroll
@@ -244,69 +251,87 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], (it / kStages) & 1);
     const uint8_t* kv = &smem.kv[stage][0][0];
 
-    // 3a. S = Q·K^T for this warp's 8 tokens: f16 mma.sync m16n8k16 (fp32 accumulate, exact
-    // products), 36 k16 steps in two accumulator chains (half the MMA latency chain). B = K: the FP8
-    // ldmatrix register of 16-byte group G (bytes 4c.. of token g) gives b0 (its low half: k 2c, 2c + 1)
-    // and b1 (its high half: k 2c + 8, 2c + 9), the order the query tile was permuted to.
+    // 3a. S = Q·K^T for this warp's 16 tokens (two n8 tiles) over its half of the 36 k16 steps: f16
+    // mma.sync m16n8k16 (fp32 accumulate, exact products), one accumulator chain per tile. B = K: one
+    // ldmatrix.x4 gives (tile 0, step s), (tile 0, s + 1), (tile 1, s), (tile 1, s + 1); each FP8
+    // register (bytes 4c.. of token g of 16-byte group s) gives b0 (its low half: k 2c, 2c + 1) and b1
+    // (its high half: k 2c + 8, 2c + 9), the order the query tile was permuted to. A = the query
+    // fragment of step s, read once for both tiles.
     // NOTE: not FP8 mma.sync m16n8k32: sm_90 has no native FP8 mma.sync; ptxas emulates it by
     // converting both operands to f16 on every instruction (the query fragments once per page).
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    {
-      float s_odd[4] = {0.f, 0.f, 0.f, 0.f};
-      const uint8_t* k_row = kv + (kTokensPerWarp * warp + lane % 8) * kKvRowBytes + (lane / 8) * 16;
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // [n8 tile][fragment]
 #pragma unroll
-      for (int kb = 0; kb < kKeyDim / 64; ++kb) {
-        uint32_t b[4];  // groups 4kb + t of token g: bytes 4c..4c+3
-        ldmatrix_x4(b, k_row + kb * 64);
+    for (int pair = 0; pair < kQkStepsPerWarp / 2; ++pair) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kv + k_lane_offset + 32 * pair);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          uint32_t a[4];
-          ldmatrix_x4(a, q_lane + 16 * (4 * kb + t));
-          mma_f16(t % 2 == 0 ? s : s_odd, a, e4m3x2_to_f16x2(b[t]), e4m3x2_to_f16x2(b[t] >> 16));
+      for (int e = 0; e < 2; ++e) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_lane + 16 * (2 * pair + e));
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile) {
+          const uint32_t r = b[2 * tile + e];
+          mma_f16(s[tile], a, e4m3x2_to_f16x2(r), e4m3x2_to_f16x2(r >> 16));
         }
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] += s_odd[e];
     }
-
-    // 3b. Scale to base-2 logits and mask (only pages that reach past a causal bound or the length).
-    const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
-    const bool full_page = page_token0 + kPageSize <= length &&
-                           global_position(page_token0 + kPageSize - 1, p) <= bound_min;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float x0 = s[e] * scale_log2;
-      float x1 = s[2 + e] * scale_log2;
-      if (!full_page) {
-        const int64_t j = page_token0 + kTokensPerWarp * warp + 2 * c + e;
-        const int64_t gpos = global_position(j, p);
-        const bool in_range = j < length;
-        if (!in_range || gpos > bound0) x0 = -INFINITY;
-        if (!in_range || gpos > bound1) x1 = -INFINITY;
-      }
-      s[e] = x0;
-      s[2 + e] = x1;
+    // The second k half hands its partial sums to the first (lane-contiguous float4s: conflict-free).
+    if (k_half == 1) {
+      smem.s_part[token_group][0][lane] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
+      smem.s_part[token_group][1][lane] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
     }
-    float mx0 = fmaxf(s[0], s[1]);
-    float mx1 = fmaxf(s[2], s[3]);
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    if (c == 0) {
-      smem.row_max[warp][g] = mx0;
-      smem.row_max[warp][g + 8] = mx1;
-    }
-    __syncthreads();  // (A) row maxima visible; every warp is done with the previous page
+    __syncthreads();  // (A0) partial sums visible; every warp is done with the previous page
 
     // The previous page's stage is free now: refill it kStages - 1 pages ahead.
     if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
 
-    // 3c. Online softmax: new row max, rescale, P = e4m3(exp2(x - m) * kPScale).
+    // 3b. (first k half) Add the partials, scale to base-2 logits, mask (only pages that reach past a
+    // causal bound or the length), page row max over the group's 16 tokens.
+    const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
+    if (k_half == 0) {
+      const bool full_page = page_token0 + kPageSize <= length &&
+                             global_position(page_token0 + kPageSize - 1, p) <= bound_min;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        const float4 other = smem.s_part[token_group][tile][lane];
+        s[tile][0] += other.x;
+        s[tile][1] += other.y;
+        s[tile][2] += other.z;
+        s[tile][3] += other.w;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x0 = s[tile][e] * scale_log2;
+          float x1 = s[tile][2 + e] * scale_log2;
+          if (!full_page) {
+            const int64_t j = page_token0 + kQkTokensPerWarp * token_group + 8 * tile + 2 * c + e;
+            const int64_t gpos = global_position(j, p);
+            const bool in_range = j < length;
+            if (!in_range || gpos > bound0) x0 = -INFINITY;
+            if (!in_range || gpos > bound1) x1 = -INFINITY;
+          }
+          s[tile][e] = x0;
+          s[tile][2 + e] = x1;
+        }
+      }
+      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+      }
+      if (c == 0) {
+        smem.row_max[token_group][g] = mx0;
+        smem.row_max[token_group][g + 8] = mx1;
+      }
+    }
+    __syncthreads();  // (A) row maxima visible
+
+    // 3c. Online softmax (every warp: the row max and the rescale of its accumulators; the first k
+    // half: P = exp2(x - m) in fp16 for its 16 tokens, and the softmax sums).
     float page_max0 = smem.row_max[0][g], page_max1 = smem.row_max[0][g + 8];
 #pragma unroll
-    for (int w = 1; w < kNumWarps; ++w) {
+    for (int w = 1; w < kQkTokenGroups; ++w) {
       page_max0 = fmaxf(page_max0, smem.row_max[w][g]);
       page_max1 = fmaxf(page_max1, smem.row_max[w][g + 8]);
     }
@@ -319,14 +344,22 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     const float alpha1 = exp2f(m_run[1] - m_use1);
     m_run[0] = m_new0;
     m_run[1] = m_new1;
-    const float p00 = exp2f(s[0] - m_use0), p01 = exp2f(s[1] - m_use0);
-    const float p10 = exp2f(s[2] - m_use1), p11 = exp2f(s[3] - m_use1);
-    l_run[0] = l_run[0] * alpha0 + (p00 + p01);
-    l_run[1] = l_run[1] * alpha1 + (p10 + p11);
-    // P[row][token] in fp16; this warp's tokens are columns [8w, 8w + 8).
-    const int p_col = kTokensPerWarp * warp + 2 * c;
-    *reinterpret_cast<uint32_t*>(&smem.p[g][p_col]) = half2_bits(p00, p01);
-    *reinterpret_cast<uint32_t*>(&smem.p[g + 8][p_col]) = half2_bits(p10, p11);
+    if (k_half == 0) {
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        const float p00 = exp2f(s[tile][0] - m_use0), p01 = exp2f(s[tile][1] - m_use0);
+        const float p10 = exp2f(s[tile][2] - m_use1), p11 = exp2f(s[tile][3] - m_use1);
+        sum0 += p00 + p01;
+        sum1 += p10 + p11;
+        // P[row][token] in fp16; this tile's tokens are columns [16 group + 8 tile, +8).
+        const int p_col = kQkTokensPerWarp * token_group + 8 * tile + 2 * c;
+        *reinterpret_cast<uint32_t*>(&smem.p[g][p_col]) = half2_bits(p00, p01);
+        *reinterpret_cast<uint32_t*>(&smem.p[g + 8][p_col]) = half2_bits(p10, p11);
+      }
+      l_run[0] = l_run[0] * alpha0 + sum0;
+      l_run[1] = l_run[1] * alpha1 + sum1;
+    }
 #pragma unroll
     for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
 #pragma unroll
@@ -373,14 +406,14 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], off);
     l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], off);
   }
-  if (c == 0) {
-    smem.row_sum[warp][g] = l_run[0];
-    smem.row_sum[warp][g + 8] = l_run[1];
+  if (k_half == 0 && c == 0) {  // the second k half holds no sums
+    smem.row_sum[token_group][g] = l_run[0];
+    smem.row_sum[token_group][g + 8] = l_run[1];
   }
   __syncthreads();
   float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kNumWarps; ++w) {
+  for (int w = 0; w < kQkTokenGroups; ++w) {
     sum0 += smem.row_sum[w][g];
     sum1 += smem.row_sum[w][g + 8];
   }
