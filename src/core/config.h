@@ -87,6 +87,7 @@ struct WgmmaSharedMemoryPlan {
   alignas(1024) __half p[2][kTileN][kPageSize];  // double-buffered: the other warpgroup may still read
   float alpha[2][kTileN];                        // per-row rescale of this page (double-buffered)
   float red[2][4][kTileN / 2];                   // [warpgroup][warp][row]: page row max / final sums
+  float4 swap[2][kTileN / 16][128];              // Q·K^T partials for warpgroup w's rows, from the other
   float row_sum[kTileN];                         // softmax sums, for the other warpgroup's rows
   alignas(8) uint64_t full[kStages];
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32 or 64 (m64nNk16 with N/2 >= 8)");

@@ -6,11 +6,13 @@
 //   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
 //      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
 //      keeps the ldmatrix of K and the V loads conflict-free);
-//   2. S^T = K·Q^T: warpgroup w computes 64 tokens × its kTileN/2 rows with f16 wgmma m64nNk16
-//      (fp32 accumulate: exact products; FP8 wgmma accumulates with ~14 bits and missed the LSE bound,
-//      and FP8 mma.sync is emulated on sm_90 by converting its operands to f16 on every instruction),
-//      A = K from registers (ldmatrix of the FP8 page, converted e4m3 -> f16 once), B = Q^T from the
-//      f16 query tile in shared memory (converted once per CTA), 36 k-steps;
+//   2. S^T = K·Q^T: warpgroup w computes the partial sums of 64 tokens × all kTileN rows over its half
+//      of the 576-long reduction with f16 wgmma m64nNk16 (fp32 accumulate: exact products; FP8 wgmma
+//      accumulates with ~14 bits and missed the LSE bound, and FP8 mma.sync is emulated on sm_90 by
+//      converting its operands to f16 on every instruction), A = K from registers (ldmatrix of the
+//      FP8 page, converted e4m3 -> f16: each K byte by one warpgroup), B = Q^T from the f16 query tile
+//      in shared memory (converted once per CTA), 18 k-steps; the warpgroups then swap the partials
+//      of each other's rows through shared memory (one CTA barrier);
 //   3. online softmax in base 2 over the tokens (the M side: quad shuffles, then the 4 warps of the
 //      warpgroup through shared memory); P^T in fp16 into a 128-byte-swizzle shared tile, the per-row
 //      rescale factor beside it; one CTA barrier;
@@ -20,6 +22,8 @@
 //      operands; V is token-major, so the register-A form avoids a transposed copy of every page.
 // The end writes bf16 latent + LSE (one split) or fp32 partials for the combine kernel.
 #pragma once
+
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -219,7 +223,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int a_lane_row = a_token * kSw64Bytes;
   const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
   const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
-  const uint32_t q_addr = smem_addr(&smem.q[0][wg * kRowsWg][0]);  // this warpgroup's rows of Q^T
+  const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);  // Q^T, all kTileN rows (3a: k halves per warpgroup)
   constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;            // one 64-element k block of Q
   float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
 #pragma unroll
@@ -248,57 +252,91 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], (it / kStages) & 1);
     const uint32_t kv_addr = smem_addr(smem.kv[stage]);
 
-    // 3a. S^T = K·Q^T for the 64 tokens x this warpgroup's rows: f16 wgmma m64nNk16 (fp32
-    // accumulate), 36 k16 steps. A = K from registers: each FP8 fragment register (4 bytes 4c.. of
-    // token g or g + 8) gives two f16x2 registers (bytes 4c, 4c + 1 -> k 2c, 2c + 1; bytes 4c + 2,
-    // 4c + 3 -> k 2c + 8, 2c + 9), the order the query tile was permuted to. B = Q^T by descriptor.
-    // NOTE: not FP8: Hopper FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3 §3.3.2; one
-    // 18-step chain measured LSE errors up to 5e-3, bound 1e-3), and FP8 mma.sync is not native on
-    // sm_90 (it converts both operands to f16 on every instruction). One group per 64-byte column
-    // block, at most two in flight, bounds the live A registers to 32.
-    float s[kRowsWg / 2];  // the m64nN accumulator: rows 16wi + g (+ 8), columns 8j + 2c (+ 1)
+    // 3a. S^T = K·Q^T: warpgroup w computes the partial sums of all kTileN rows over its half of the
+    // 576-long reduction (k16 steps [18w, 18w + 18)), then the two warpgroups swap the halves of the
+    // partials that belong to the other one's rows (shared memory), so each converts only half of the
+    // page's K. f16 wgmma m64nNk16 (fp32 accumulate). A = K from registers: each FP8 fragment register
+    // (4 bytes 4c.. of token g or g + 8) gives two f16x2 registers (bytes 4c, 4c + 1 -> k 2c, 2c + 1;
+    // bytes 4c + 2, 4c + 3 -> k 2c + 8, 2c + 9), the order the query tile was permuted to. B = Q^T by
+    // descriptor. NOTE: not FP8: Hopper FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3
+    // §3.3.2; one 18-step chain measured LSE errors up to 5e-3, bound 1e-3), and FP8 mma.sync is not
+    // native on sm_90 (it converts both operands to f16 on every instruction). One group per 32-byte
+    // half block, at most two in flight, bounds the live A registers to 16.
+    float s_all[kTileN / 2];  // m64 x kTileN partial accumulator: rows 16wi + g (+ 8), columns 8j + 2c (+ 1)
 #pragma unroll
-    for (int e = 0; e < kRowsWg / 2; ++e) {
-      s[e] = 0.0f;
-      fence_operand(s[e]);
+    for (int e = 0; e < kTileN / 2; ++e) {
+      s_all[e] = 0.0f;
+      fence_operand(s_all[e]);
     }
-    {
+    // The warpgroup's half as compile-time constants (hb: 32-byte half blocks of the 576-byte row).
+    auto qk_half = [&](auto wg_constant) {
+      constexpr int kWg = decltype(wg_constant)::value;
       const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
-      // NOTE: the base address is made opaque per page: otherwise the compiler hoists the 36
-      // loop-invariant 64-bit descriptors out of the page loop (16-row tile: 253 instead of 216
-      // registers, 468 instead of 352 spilled bytes at two CTAs per SM).
+      // NOTE: the base address is made opaque per page: otherwise the compiler hoists the
+      // loop-invariant 64-bit descriptors out of the page loop (more registers, spills).
       const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
 #pragma unroll
-      for (int kb = 0; kb < kKeyBlocks; ++kb) {
-        uint32_t f[2][4];  // FP8 K fragments of the block's 32-byte steps 0 and 1
-        ldmatrix_x4(f[0], k_lane + kb * kPageBlockBytes + a_chunk_even);
-        ldmatrix_x4(f[1], k_lane + kb * kPageBlockBytes + a_chunk_odd);
-        uint32_t a[4][4];  // f16 A fragments of k16 steps t = 0..3 (16-byte chunk t of the block)
+      for (int i = 0; i < kKeyBlocks; ++i) {
+        constexpr int kHalfBlocks = 2 * kKeyBlocks;  // 18
+        const int hb = kWg * (kHalfBlocks / 2) + i;
+        const int kb = hb / 2;
+        uint32_t f[4];  // FP8 K fragments of the half block's two 16-byte chunks
+        ldmatrix_x4(f, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
+        uint32_t a[2][4];  // f16 A fragments of its two k16 steps
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const uint32_t token_g = f[t / 2][2 * (t % 2)];
-          const uint32_t token_g8 = f[t / 2][2 * (t % 2) + 1];
-          a[t][0] = e4m3x2_to_f16x2(token_g);
-          a[t][1] = e4m3x2_to_f16x2(token_g8);
-          a[t][2] = e4m3x2_to_f16x2(token_g >> 16);
-          a[t][3] = e4m3x2_to_f16x2(token_g8 >> 16);
+        for (int t = 0; t < 2; ++t) {
+          a[t][0] = e4m3x2_to_f16x2(f[2 * t]);
+          a[t][1] = e4m3x2_to_f16x2(f[2 * t + 1]);
+          a[t][2] = e4m3x2_to_f16x2(f[2 * t] >> 16);
+          a[t][3] = e4m3x2_to_f16x2(f[2 * t + 1] >> 16);
         }
 #pragma unroll
-        for (int t = 0; t < 4; ++t)
+        for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
         wgmma_fence();
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < 2; ++t) {
           // the descriptor's address field counts 16-byte units
-          wgmma_rs<kRowsWg>(s, a[t], desc_q + ((kb * kQBlockBytes + t * 32) >> 4));
+          wgmma_rs<kTileN>(s_all, a[t], desc_q + ((kb * kQBlockBytes + ((hb % 2) * 2 + t) * 32) >> 4));
         }
         wgmma_commit();
         wgmma_wait<1>();
       }
       wgmma_wait<0>();
 #pragma unroll
-      for (int e = 0; e < kRowsWg / 2; ++e) fence_operand(s[e]);
+      for (int e = 0; e < kTileN / 2; ++e) fence_operand(s_all[e]);
+      // Hand the other warpgroup its rows' partials: n8 groups [(1 - w) kGroupsS, +kGroupsS).
+#pragma unroll
+      for (int jj = 0; jj < kGroupsS; ++jj) {
+        const int j = (1 - kWg) * kGroupsS + jj;
+        smem.swap[1 - kWg][jj][threadIdx.x % 128] =
+            make_float4(s_all[4 * j], s_all[4 * j + 1], s_all[4 * j + 2], s_all[4 * j + 3]);
+      }
+    };
+    if (wg == 0) {
+      qk_half(std::integral_constant<int, 0>{});
+    } else {
+      qk_half(std::integral_constant<int, 1>{});
+    }
+    __syncthreads();  // (S) both halves' partials handed over
+    float s[kRowsWg / 2];  // this warpgroup's rows: columns 8j + 2c (+ 1) of its kGroupsS n8 groups
+    auto own_rows = [&](auto wg_constant) {
+      constexpr int kWg = decltype(wg_constant)::value;
+#pragma unroll
+      for (int jj = 0; jj < kGroupsS; ++jj) {
+        const float4 other = smem.swap[kWg][jj][threadIdx.x % 128];
+        const int j = kWg * kGroupsS + jj;
+        s[4 * jj] = s_all[4 * j] + other.x;
+        s[4 * jj + 1] = s_all[4 * j + 1] + other.y;
+        s[4 * jj + 2] = s_all[4 * j + 2] + other.z;
+        s[4 * jj + 3] = s_all[4 * j + 3] + other.w;
+      }
+    };
+    if (wg == 0) {
+      own_rows(std::integral_constant<int, 0>{});
+    } else {
+      own_rows(std::integral_constant<int, 1>{});
     }
 
     // 3b. Scale to base-2 logits and mask (only pages reaching past a causal bound or the length).
