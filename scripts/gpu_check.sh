@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: every GPU test binary, the main job, the PyTorch binding's tests, then the
-# benchmarks (core, DCP, whole step), from binaries built here (BUILD_DIR, default build). Results go to OUT (default
+# benchmarks (core, value, DCP, whole step), from binaries built here (BUILD_DIR, default build). Results go to OUT (default
 # ./gpu-out): the logs packed into logs.tgz (the device tool returns at most 8 files), the step
 # benchmark's table, CSV and plot beside it; a short table of test results is printed last.
 #   scripts/gpu_check.sh [tests|python|bench|all]
@@ -36,9 +36,11 @@ if [[ $mode == python || $mode == all ]]; then
   summary+=("$(printf '%-26s rc=%d  %s' pytest $? "$(tail -n 1 "$logs/pytest.log")")")
 fi
 if [[ $mode == bench || $mode == all ]]; then
-  # The core and DCP benchmarks are short; the whole-step sweep takes ~3 minutes (STEP_BENCH=0 skips it).
+  # The core, value and DCP benchmarks are short; the whole-step sweep takes ~3 minutes (STEP_BENCH=0 skips it).
   "$build"/bench/core_bench --out "$out/core.md" > "$logs/core_bench.log" 2>&1
   summary+=("$(printf '%-26s rc=%d' core_bench $?)")
+  "$build"/bench/value_bench --out "$out/value.md" > "$logs/value_bench.log" 2>&1
+  summary+=("$(printf '%-26s rc=%d' value_bench $?)")
   "$build"/bench/dcp_bench > "$out/dcp_bench.md" 2>&1
   summary+=("$(printf '%-26s rc=%d' dcp_bench $?)")
   if [[ ${STEP_BENCH:-1} == 1 ]]; then
