@@ -121,6 +121,36 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// A CTA's pages of its request: whole pages, pages_per_split = ceil(pages / num_splits) (the
+// reference's rule). Reads host-written metadata only (lengths, totals), so it runs before the PDL wait.
+struct SplitPages {
+  int length = 0;      // the request's (local) length; 0 for padded requests
+  int64_t total = 0;   // its global length (DCP), = length without DCP
+  int page_begin = 0;  // first page of this split
+  int num_pages = 0;   // pages of this split (0 for an empty split)
+};
+__device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int request, int split) {
+  SplitPages s;
+  if (request < p.num_requests) {
+    s.length = p.lengths[request];
+    s.total = p.totals != nullptr ? p.totals[request] : s.length;
+  }
+  const int pages = (s.length + kPageSize - 1) / kPageSize;
+  const int pages_per_split = (pages + p.num_splits - 1) / p.num_splits;
+  s.page_begin = min(split * pages_per_split, pages);
+  s.num_pages = min(s.page_begin + pages_per_split, pages) - s.page_begin;
+  return s;
+}
+
+// The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
+// lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
+// (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
+__device__ __forceinline__ void e4m3x16_to_f16_permuted(const uint4& v, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.w));
+  hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16), e4m3x2_to_f16x2(v.z >> 16),
+                  e4m3x2_to_f16x2(v.w >> 16));
+}
+
 // Global position of local token j (DESIGN.md §4, DCP).
 __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& p) {
   if (p.dcp_size == 1) return j;
@@ -153,17 +183,11 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  int length = 0;
-  int64_t total = 0;
-  if (request < p.num_requests) {
-    length = p.lengths[request];
-    total = p.totals != nullptr ? p.totals[request] : length;
-  }
-  const int num_pages = (length + kPageSize - 1) / kPageSize;
-  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
-  const int page_begin = min(split * pages_per_split, num_pages);
-  const int page_end = min(page_begin + pages_per_split, num_pages);
-  const int my_pages = page_end - page_begin;
+  const SplitPages range = split_pages(p, request, split);
+  const int length = range.length;
+  const int64_t total = range.total;
+  const int page_begin = range.page_begin;
+  const int my_pages = range.num_pages;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
   const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;
@@ -205,20 +229,17 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
-  // One thread per (row r, 16-byte group G) = one k16 step of 3a. The k order inside the step is
-  // permuted to match the K fragments there (one permutation on both operands leaves the dot product
-  // unchanged): logical k 2c + e holds byte 4c + e (the low half of word c), logical k 8 + 2c + e byte
-  // 4c + 2 + e (its high half). e4m3 -> f16 is exact.
+  // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
+  // K fragments there (e4m3x16_to_f16_permuted; one permutation on both operands leaves the dot
+  // product unchanged).
   for (int idx = threadIdx.x; idx < kBlockM * (kKeyDim / 16); idx += kNumThreads) {
     const int r = idx / (kKeyDim / 16);
     const int group = idx % (kKeyDim / 16);
     const int row = m_tile * kBlockM + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
-    const uint4 lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z),
-                                e4m3x2_to_f16x2(v.w));
-    const uint4 hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16),
-                                e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w >> 16));
+    uint4 lo, hi;
+    e4m3x16_to_f16_permuted(v, lo, hi);
     *reinterpret_cast<uint4*>(&smem.q[r][16 * group]) = lo;
     *reinterpret_cast<uint4*>(&smem.q[r][16 * group + 8]) = hi;
   }

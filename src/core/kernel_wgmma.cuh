@@ -146,17 +146,11 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  int length = 0;
-  int64_t total = 0;
-  if (request < p.num_requests) {
-    length = p.lengths[request];
-    total = p.totals != nullptr ? p.totals[request] : length;
-  }
-  const int num_pages = (length + kPageSize - 1) / kPageSize;
-  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
-  const int page_begin = min(split * pages_per_split, num_pages);
-  const int page_end = min(page_begin + pages_per_split, num_pages);
-  const int my_pages = page_end - page_begin;
+  const SplitPages range = split_pages(p, request, split);
+  const int length = range.length;
+  const int64_t total = range.total;
+  const int page_begin = range.page_begin;
+  const int my_pages = range.num_pages;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
 
@@ -192,20 +186,17 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
-  // One thread per (row r, 16-byte group G of the 576 FP8 bytes) = one k16 step of 3a. The k order
-  // inside the step is permuted to match the K fragments there (any permutation applied to both
-  // operands leaves the dot product unchanged): logical k 2c + e holds byte 4c + e (the low half of
-  // word c), logical k 8 + 2c + e holds byte 4c + 2 + e (its high half). e4m3 -> f16 is exact.
+  // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
+  // K fragments there (e4m3x16_to_f16_permuted; one permutation on both operands leaves the dot
+  // product unchanged).
   for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWgThreads) {
     const int r = idx / kChunksPerRow;
     const int group = idx % kChunksPerRow;
     const int row = tile_row0 + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
-    const uint4 lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z),
-                                e4m3x2_to_f16x2(v.w));
-    const uint4 hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16),
-                                e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w >> 16));
+    uint4 lo, hi;
+    e4m3x16_to_f16_permuted(v, lo, hi);
     __half* dst = &smem.q[group / 4][r][0];
     const int chunk = 2 * (group % 4);  // the step's two 16-byte chunks in its 128-byte row
     *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
