@@ -59,16 +59,16 @@ const char* value_kernel_name(ValueKernel kernel) {
   return "unknown";
 }
 
-ValuePlan plan_value(int rows, int num_heads, int num_partials) {
+ValueKernel choose_value_kernel(int rows, int num_heads, int num_partials) {
   // NOTE: the DCP merge is never given to the tensor-core kernel (launch.h, kernel_mma.cuh): an
   // explicit rule of the plan, not a fallback.
-  const bool merge = num_partials > 1;
+  if (num_partials > 1 || int64_t{rows} * num_heads < kTensorCoreMinRowHeads) return ValueKernel::kCudaCore;
   const int64_t full_width_ctas = int64_t{(rows + kMmaRowTile - 1) / kMmaRowTile} * num_heads;
-  ValueKernel kernel = ValueKernel::kCudaCore;
-  if (!merge && int64_t{rows} * num_heads >= kTensorCoreMinRowHeads) {
-    kernel = full_width_ctas >= kFullWidthMinCtas ? ValueKernel::kTensorCore : ValueKernel::kTensorCoreSplit;
-  }
-  return plan_value(rows, num_heads, num_partials, kernel);
+  return full_width_ctas >= kFullWidthMinCtas ? ValueKernel::kTensorCore : ValueKernel::kTensorCoreSplit;
+}
+
+ValuePlan plan_value(int rows, int num_heads, int num_partials) {
+  return plan_value(rows, num_heads, num_partials, choose_value_kernel(rows, num_heads, num_partials));
 }
 
 ValuePlan plan_value(int rows, int num_heads, int num_partials, ValueKernel kernel) {

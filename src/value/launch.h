@@ -35,6 +35,8 @@ struct ValuePlan {
 // Sets the chosen kernel's shared-memory limit (call on the device that will run it). rows < 1,
 // num_heads outside 1..kMaxHeads or num_partials outside 0..kMaxPartials are mla::Errors.
 ValuePlan plan_value(int rows, int num_heads, int num_partials);
+// The kernel that plan_value(rows, num_heads, num_partials) runs: host logic only, no CUDA call.
+ValueKernel choose_value_kernel(int rows, int num_heads, int num_partials);
 // The same with the kernel forced (tests, benchmarks); a tensor-core kernel with num_partials > 1 is an
 // error.
 ValuePlan plan_value(int rows, int num_heads, int num_partials, ValueKernel kernel);

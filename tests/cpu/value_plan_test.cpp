@@ -1,0 +1,41 @@
+// plan_value's kernel choice (value/launch.h, constants in value/config.h), without a GPU: the rule the
+// H200 measurements set (bench/results/value.md). The GPU tests check that each kernel is correct.
+#include <gtest/gtest.h>
+
+#include "value/config.h"
+#include "value/launch.h"
+
+namespace mla {
+namespace {
+
+using value::choose_value_kernel;
+using value::ValueKernel;
+
+TEST(ValuePlan, CudaCoresBelowTheRowHeadThreshold) {
+  // H 12 x 1 row is the one measured shape where the CUDA-core kernel wins (3.6 vs 4.4 µs).
+  EXPECT_EQ(choose_value_kernel(1, 12, 1), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(3, 12, 0), ValueKernel::kCudaCore);
+  const int min_rows_h12 = (value::kTensorCoreMinRowHeads + 11) / 12;
+  EXPECT_EQ(choose_value_kernel(min_rows_h12 - 1, 12, 1), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(min_rows_h12, 12, 1), ValueKernel::kTensorCoreSplit);
+}
+
+TEST(ValuePlan, SplitUntilTheFullWidthGridIsLargeEnough) {
+  // Full-width CTAs = H x ceil(rows / 64).
+  EXPECT_EQ(choose_value_kernel(512, 12, 1), ValueKernel::kTensorCoreSplit);  // 96 CTAs
+  EXPECT_EQ(choose_value_kernel(64, 96, 1), ValueKernel::kTensorCoreSplit);   // 96 CTAs
+  EXPECT_EQ(choose_value_kernel(65, 96, 1), ValueKernel::kTensorCore);        // 192 CTAs
+  EXPECT_EQ(choose_value_kernel(1, 128, 1), ValueKernel::kTensorCore);        // 128 CTAs
+  EXPECT_EQ(choose_value_kernel(512, 128, 0), ValueKernel::kTensorCore);
+}
+
+TEST(ValuePlan, DcpMergeAlwaysOnCudaCores) {
+  // The merged latent stays fp32 (DESIGN.md §4, DCP); the tensor-core kernels take bf16 operands.
+  for (int partials : {2, 4, 8}) {
+    EXPECT_EQ(choose_value_kernel(512, 128, partials), ValueKernel::kCudaCore);
+    EXPECT_EQ(choose_value_kernel(1, 12, partials), ValueKernel::kCudaCore);
+  }
+}
+
+}  // namespace
+}  // namespace mla
