@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...]
 //              [--small-batch] [--splits N ...]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4), and
@@ -60,10 +60,12 @@ struct Variant {
   const char* name;
   int kernel;  // CoreShape.kernel (0 = planned)
   int stages;  // CoreShape.stages (0 = default)
+  int tile_rows = 0;  // CoreShape.tile_rows (0 = planned)
 };
 constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::core::kKernelMmaSync, 2},
                                  {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
-                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3}};
+                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3},
+                                 {"wgmma-tile64", mla::core::kKernelWgmma, 2, 64}};
 
 struct Result {
   double us, gbs, pct, tflops;
@@ -109,6 +111,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   shape.max_context = max_length;
   shape.kernel = variant.kernel;
   shape.stages = variant.stages;
+  shape.tile_rows = variant.tile_rows;
   shape.num_splits = num_splits;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
@@ -182,7 +185,7 @@ int main(int argc, char** argv) {
       known = split_counts.back() >= 0;
     }
     if (!known) {
-      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3 ...] [--small-batch] [--splits N ...]\n");
+      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...] [--small-batch] [--splits N ...]\n");
       return 2;
     }
   }

@@ -90,7 +90,7 @@ struct WgmmaSharedMemoryPlan {
   float4 swap[2][kTileN / 16][128];              // Q·K^T partials for warpgroup w's rows, from the other
   float row_sum[kTileN];                         // softmax sums, for the other warpgroup's rows
   alignas(8) uint64_t full[kStages];
-  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32 or 64 (m64nNk16 with N/2 >= 8)");
+  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64 (m64nNk16 with N/2 a multiple of 8)");
 };
 
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).

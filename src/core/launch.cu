@@ -45,10 +45,13 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
     case 32:
       if (stages == 2) return {core_wgmma_kernel<32, 2, 1>, sizeof(WgmmaSharedMemoryPlan<32, 2>)};
       return {core_wgmma_kernel<32, 3, 1>, sizeof(WgmmaSharedMemoryPlan<32, 3>)};
+    case 48:
+      if (stages == 2) return {core_wgmma_kernel<48, 2, 1>, sizeof(WgmmaSharedMemoryPlan<48, 2>)};
+      return {core_wgmma_kernel<48, 3, 1>, sizeof(WgmmaSharedMemoryPlan<48, 3>)};
     case 64:
       if (stages == 2) return {core_wgmma_kernel<64, 2, 1>, sizeof(WgmmaSharedMemoryPlan<64, 2>)};
       return {core_wgmma_kernel<64, 3, 1>, sizeof(WgmmaSharedMemoryPlan<64, 3>)};
-    default: throw_bad_argument("CoreShape.tile_rows", "16, 32 or 64 (0 = planned)", std::to_string(tile_rows));
+    default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
   }
 }
 
@@ -92,6 +95,17 @@ void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cud
 
 }  // namespace
 
+int choose_wgmma_tile(int rows_m) {
+  for (int tile : {16, 32, 48, 64}) {
+    if (rows_m <= tile) return tile;
+  }
+  // NOTE: above 64 rows the fewest tiles (each re-reads and re-converts every page), then the least
+  // padding: H·q = 96 runs two 48-row tiles, not two 64-row ones; 128 runs two 64-row ones.
+  const int tiles48 = (rows_m + 47) / 48;
+  const int tiles64 = (rows_m + 63) / 64;
+  return tiles48 <= tiles64 ? 48 : 64;
+}
+
 CorePlan plan_core(const CoreShape& shape) {
   if (shape.q < 1 || shape.q > kMaxQueries) {
     throw_bad_argument("CoreShape.q", "1..8", std::to_string(shape.q));
@@ -125,7 +139,7 @@ CorePlan plan_core(const CoreShape& shape) {
     plan.tile_rows = kBlockM;
     plan.stages = shape.stages == 0 ? 2 : shape.stages;
   } else {
-    plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : rows_m <= 16 ? 16 : rows_m <= 32 ? 32 : 64;
+    plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : choose_wgmma_tile(rows_m);
     // NOTE: 2 stages by default: 16-row tiles then run two CTAs per SM (55.9 % vs 49.5 % of copy
     // bandwidth at 128x4k x16 with 4 stages); 64-row tiles measured equal or 2 % faster with 2.
     plan.stages = shape.stages == 0 ? 2 : shape.stages;

@@ -24,12 +24,12 @@ struct CoreShape {
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
   int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync or kKernelWgmma
   int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma 2 or 3; 0 = default
-  int tile_rows = 0;                       // wgmma N-tile 16, 32 or 64; 0 = the smallest holding q*heads
+  int tile_rows = 0;                       // wgmma N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
 };
 
 // Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
 inline constexpr int kKernelMmaSync = 1;  // version 1: mma.sync, 16-row M tiles (kernel.cuh)
-inline constexpr int kKernelWgmma = 2;    // wgmma, tokens on M, 16/32/64-row N tiles (kernel_wgmma.cuh)
+inline constexpr int kKernelWgmma = 2;    // wgmma, tokens on M, 16/32/48/64-row N tiles (kernel_wgmma.cuh)
 
 // What plan_core fixed for a shape. Plain data: copy it freely.
 struct CorePlan {
@@ -45,6 +45,10 @@ struct CorePlan {
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
 };
+
+// The wgmma kernel's planned N-tile for a request's q*heads rows: the smallest tile holding them, and
+// above 64 the fewest tiles with the least padding (pure host rule, no CUDA call).
+int choose_wgmma_tile(int rows_m);
 
 // Plans `shape` for the current device (sets the kernels' shared-memory limits). Throws mla::Error
 // on a bad shape.

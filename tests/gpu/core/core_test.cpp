@@ -161,7 +161,7 @@ TEST_P(CoreTest, MatchesReference) {
     variants.push_back(v);
     v.stages = 0;
     const int planned_tile = core::plan_core(v).tile_rows;
-    for (int tile : {16, 32, 64}) {
+    for (int tile : {16, 32, 48, 64}) {
       if (tile == planned_tile) continue;
       v.tile_rows = tile;
       variants.push_back(v);
@@ -338,10 +338,14 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 1}).kernel, core::kKernelMmaSync);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).kernel, core::kKernelWgmma);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 96, .q = 1}).kernel, core::kKernelWgmma);
-  // The planned wgmma tile is the smallest holding q*heads, 64 above.
+  // The planned wgmma tile (choose_wgmma_tile; its rule is tested on the CPU).
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1, .kernel = core::kKernelWgmma}).m_tiles, 2);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 4}).tile_rows, 48);
+  const core::CorePlan h96 = core::plan_core({.rows = 8, .heads = 96, .q = 1});
+  EXPECT_EQ(h96.tile_rows, 48);
+  EXPECT_EQ(h96.m_tiles, 2);
 }
 
 }  // namespace
