@@ -151,6 +151,26 @@ __device__ __forceinline__ void e4m3x16_to_f16_permuted(const uint4& v, uint4& l
                   e4m3x2_to_f16x2(v.w >> 16));
 }
 
+// Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
+// kThreads threads, consecutive threads on consecutive chunks of a row: chunk `chunk` of row r lands at
+// dst(r, chunk). Rows past the length are zero-filled (src size 0), never read: the cache may hold
+// anything there (NaN bytes included) and p = 0 times NaN would poison the accumulators.
+template <int kThreads, class Dst>
+__device__ __forceinline__ void copy_page_async(const CoreParams& p, const int32_t* pages, int page, int length,
+                                                Dst dst) {
+  const int valid = static_cast<int>(min(int64_t{kPageSize}, length - int64_t{page} * kPageSize));
+  const uint8_t* src = p.cache + int64_t{pages[page]} * p.stride_cache_page;
+  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  static_assert(kPageSize * kChunksPerRow % kThreads == 0, "whole cp.async chunks per thread");
+#pragma unroll
+  for (int i = 0; i < kPageSize * kChunksPerRow / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int r = idx / kChunksPerRow;
+    const int chunk = idx % kChunksPerRow;
+    cp_async_16(dst(r, chunk), src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
+  }
+}
+
 // Global position of local token j (DESIGN.md §4, DCP).
 __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& p) {
   if (p.dcp_size == 1) return j;
@@ -203,29 +223,17 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // PDL: the query and this step's cache rows come from the query kernel.
   griddep_wait();
 
-  // Producer (every thread): page `k` of this split into its stage as 2304 16-byte cp.async (9 per
-  // thread, consecutive threads on consecutive chunks), then one arrival per thread on the stage's
-  // mbarrier. NOTE: the first version issued 64 row-wise cp.async.bulk copies per page from warp 0;
-  // measured 39-42 % of copy bandwidth at 128x4k x16 whatever the warp count (4 or 8) or ring depth,
-  // and 1 CTA/SM ran 1.5x slower than 2. This spread issue gave 48 % and 1 CTA/SM ~ 2 CTAs/SM.
-  // Rows past `length` in the last page are zero-filled (src size 0): the cache may hold anything
-  // there (NaN bytes included) and p = 0 times NaN would poison the accumulators.
-  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  // Producer (every thread): page `k` of this split into its stage (9 16-byte cp.async per thread),
+  // then one arrival per thread on the stage's mbarrier. NOTE: the first version issued 64 row-wise
+  // cp.async.bulk copies per page from warp 0; measured 39-42 % of copy bandwidth at 128x4k x16 whatever
+  // the warp count (4 or 8) or ring depth, and 1 CTA/SM ran 1.5x slower than 2. This spread issue gave
+  // 48 % and 1 CTA/SM ~ 2 CTAs/SM.
   auto issue_page = [&](int k) {
     const int stage = k % kStages;
-    const int64_t token0 = int64_t{page_begin + k} * kPageSize;
-    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - token0));
-    const uint8_t* src = p.cache + int64_t{pages[page_begin + k]} * p.stride_cache_page;
-#pragma unroll
-    for (int i = 0; i < kPageSize * kChunksPerRow / kNumThreads; ++i) {
-      const int idx = threadIdx.x + i * kNumThreads;
-      const int r = idx / kChunksPerRow;
-      const int col = (idx % kChunksPerRow) * 16;
-      cp_async_16(&smem.kv[stage][r][col], src + r * kKeyDim + col, r < valid ? 16u : 0u);
-    }
+    copy_page_async<kNumThreads>(p, pages, page_begin + k, length,
+                                 [&](int r, int chunk) { return &smem.kv[stage][r][16 * chunk]; });
     cp_async_mbar_arrive(&smem.full[stage]);
   };
-  static_assert(kPageSize * (kKeyDim / 16) % kNumThreads == 0, "whole cp.async chunks per thread");
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------

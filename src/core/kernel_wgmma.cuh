@@ -162,25 +162,14 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
 
   griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
 
-  // Producer (every thread): page k of the split as 2304 16-byte cp.async (9 per thread, consecutive
-  // threads on consecutive chunks of a row) into the swizzled layout, then one arrival per thread.
-  // Rows past `length` are zero-filled (src size 0): the cache may hold NaN bytes there.
+  // Producer (every thread): page k of the split (9 16-byte cp.async per thread) into the swizzled
+  // layout, then one arrival per thread on the stage's mbarrier.
   constexpr int kChunksPerRow = kKeyDim / 16;  // 36
-  static_assert(kPageSize * kChunksPerRow % kWgThreads == 0, "whole cp.async chunks per thread");
   auto issue_page = [&](int k) {
     const int stage = k % kStages;
-    const int64_t token0 = int64_t{page_begin + k} * kPageSize;
-    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - token0));
-    const uint8_t* src = p.cache + int64_t{pages[page_begin + k]} * p.stride_cache_page;
-#pragma unroll
-    for (int i = 0; i < kPageSize * kChunksPerRow / kWgThreads; ++i) {
-      const int idx = threadIdx.x + i * kWgThreads;
-      const int r = idx / kChunksPerRow;
-      const int chunk = idx % kChunksPerRow;
-      uint8_t* dst = smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes +
-                     (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
-      cp_async_16(dst, src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
-    }
+    copy_page_async<kWgThreads>(p, pages, page_begin + k, length, [&](int r, int chunk) {
+      return smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes + (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
+    });
     cp_async_mbar_arrive(&smem.full[stage]);
   };
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);

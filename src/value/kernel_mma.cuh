@@ -52,42 +52,37 @@ __device__ __forceinline__ void load_w_chunk(MmaSharedPlan<kCols>& smem, int sta
   }
 }
 
-// K chunk `chunk` of the tile's latent rows ([64 rows][64 k], 8 vectors a row, 2 a thread); rows past
-// p.rows are zero-filled without reading memory.
-template <int kCols>
-__device__ __forceinline__ void load_latent_chunk(MmaSharedPlan<kCols>& smem, int stage, const ValueParams& p,
-                                                  int row_begin, int head, int chunk) {
-  constexpr int kVecsPerRow = kMmaChunkK / 8;
+// A [64 rows][8·kVecsPerRow] bf16 tile by cp.async: tile row r is row `row_begin + r` of the matrix at
+// `base` (`stride` elements a row) into dst(r, c) (c = first element of the 16-byte vector); rows past
+// `rows` are zero-filled without reading memory.
+template <int kVecsPerRow, class Dst>
+__device__ __forceinline__ void load_row_tile(const __nv_bfloat16* base, int64_t stride, int rows, int row_begin,
+                                              Dst dst) {
   static_assert((kMmaRowTile * kVecsPerRow) % kMmaThreads == 0, "whole vectors per thread");
 #pragma unroll
   for (int j = 0; j < kMmaRowTile * kVecsPerRow / kMmaThreads; ++j) {
     const int i = threadIdx.x + j * kMmaThreads;
     const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * 8;
     const int row = row_begin + r;
-    const bool valid = row < p.rows;
-    const __nv_bfloat16* src =
-        valid ? p.latent + row * p.stride_latent_row + head * kKvLoraRank + chunk * kMmaChunkK + c : p.latent;
-    cp_async_16_or_zero(&smem.latent[stage][r][c], src, valid);
+    const bool valid = row < rows;
+    cp_async_16_or_zero(dst(r, c), valid ? base + row * stride + c : base, valid);
   }
 }
 
-// The tile's gate logits [64 rows][kCols columns from column col_begin of the head]; rows past p.rows zero.
+// K chunk `chunk` of the tile's latent rows ([64 rows][64 k], 8 vectors a row).
+template <int kCols>
+__device__ __forceinline__ void load_latent_chunk(MmaSharedPlan<kCols>& smem, int stage, const ValueParams& p,
+                                                  int row_begin, int head, int chunk) {
+  load_row_tile<kMmaChunkK / 8>(p.latent + head * kKvLoraRank + chunk * kMmaChunkK, p.stride_latent_row, p.rows,
+                                row_begin, [&](int r, int c) { return &smem.latent[stage][r][c]; });
+}
+
+// The tile's gate logits [64 rows][kCols columns from column col_begin of the head].
 template <int kCols>
 __device__ __forceinline__ void load_gate(MmaSharedPlan<kCols>& smem, const ValueParams& p, int row_begin, int head,
                                           int col_begin) {
-  constexpr int kVecsPerRow = kCols / 8;
-  static_assert((kMmaRowTile * kVecsPerRow) % kMmaThreads == 0, "whole vectors per thread");
-#pragma unroll
-  for (int j = 0; j < kMmaRowTile * kVecsPerRow / kMmaThreads; ++j) {
-    const int i = threadIdx.x + j * kMmaThreads;
-    const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * 8;
-    const int row = row_begin + r;
-    const bool valid = row < p.rows;
-    const __nv_bfloat16* src =
-        valid ? p.projected + row * p.stride_projected_row + kProjectedGateOffset + head * kVHeadDim + col_begin + c
-              : p.projected;
-    cp_async_16_or_zero(&smem.gate_out[r][c], src, valid);
-  }
+  load_row_tile<kCols / 8>(p.projected + kProjectedGateOffset + head * kVHeadDim + col_begin, p.stride_projected_row,
+                           p.rows, row_begin, [&](int r, int c) { return &smem.gate_out[r][c]; });
 }
 
 // Grid: (row tiles of 64, heads, kVHeadDim / kCols column splits); kMmaThreads threads;
