@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_device.cuh"
 #include "common/cuda_check.h"
 #include "device_timing.h"
 #include "mla/dims.h"
@@ -27,6 +28,8 @@
 namespace {
 
 using namespace mla;
+using bench::device_alloc;
+using bench::fill_random_bf16;
 
 #define CUBLAS_CHECK(call)                                                                   \
   do {                                                                                       \
@@ -39,22 +42,6 @@ using namespace mla;
 
 constexpr int kLaunchesPerGraph = 20;
 constexpr int kReplays = 25;
-
-__global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-    x ^= x >> 31; x *= 0xbf58476d1ce4e5b9ull; x ^= x >> 29;
-    const float u = float(x >> 40) / float(1 << 24) - 0.5f;  // uniform [-0.5, 0.5)
-    p[i] = __float2bfloat16_rn(u * scale);
-  }
-}
-
-template <class T>
-T* device_alloc(size_t count) {
-  T* p = nullptr;
-  MLA_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
-  return p;
-}
 
 // Buffers for one (rows, H): rotating weight sets and the per-step tensors.
 struct Problem {

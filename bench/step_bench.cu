@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cublas_check.h"
 #include "common/cuda_check.h"
 #include "core/launch.h"
 #include "device_timing.h"
@@ -33,13 +34,6 @@
 
 namespace mla::bench {
 namespace {
-
-#define CUBLAS_CHECK(call)                                                                             \
-  do {                                                                                                 \
-    const cublasStatus_t status_ = (call);                                                             \
-    if (status_ != CUBLAS_STATUS_SUCCESS) throw Error("cuBLAS error " + std::to_string(int(status_)) + \
-                                                      " at " + __FILE__ + ":" + std::to_string(__LINE__)); \
-  } while (0)
 
 // Gate and zero rows of the stock value stage: out = bf16(v * sigmoid(gate)), zero for empty rows.
 __global__ void stock_gate_kernel(const __nv_bfloat16* v, const __nv_bfloat16* projected, int64_t pitch,
@@ -146,13 +140,13 @@ void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStrea
   stock_rms_norm_kernel<<<rows, 256, 0, stream>>>(projected, pitch, r.weights.q_a_norm.as<const __nv_bfloat16>(),
                                                   r.weights.kv_a_norm.as<const __nv_bfloat16>(), 1e-5f, r.qn, r.kvn);
   MLA_CUDA_CHECK_LAUNCH();
-  CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &alpha,
-                            r.weights.q_b_proj.data, CUDA_R_16BF, kQLoraRank, r.qn, CUDA_R_16BF, kQLoraRank, &beta, r.q,
-                            CUDA_R_16BF, H * kQkHeadDim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &alpha,
-                                          r.weights.w_uk_t.data, CUDA_R_16BF, kKvLoraRank, kNopeDim * kKvLoraRank, r.q,
-                                          CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &beta, r.ql, CUDA_R_16BF,
-                                          H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MLA_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &alpha,
+                                r.weights.q_b_proj.data, CUDA_R_16BF, kQLoraRank, r.qn, CUDA_R_16BF, kQLoraRank, &beta, r.q,
+                                CUDA_R_16BF, H * kQkHeadDim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kKvLoraRank, rows, kNopeDim, &alpha,
+                                              r.weights.w_uk_t.data, CUDA_R_16BF, kKvLoraRank, kNopeDim * kKvLoraRank, r.q,
+                                              CUDA_R_16BF, H * kQkHeadDim, kQkHeadDim, &beta, r.ql, CUDA_R_16BF,
+                                              H * kKvLoraRank, kKvLoraRank, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   stock_quantize_kernel<<<dim3(rows, H), 128, 0, stream>>>(r.q, r.ql, r.kvn, projected, pitch, s.slots.as<const int64_t>(),
                                                            H, 1.0f / r.weights.q_scale, 1.0f / r.weights.k_scale, r.query,
                                                            s.cache.as<uint8_t>(), s.cache.stride[0]);
@@ -172,10 +166,10 @@ void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStrea
   args.workspace = r.core_workspace;
   core::launch_core(r.core_plan, args, stream);
   // v^T (128 x rows) = W_UV[h]^T (128 x 512) . latent[h]^T (512 x rows), per head (column-major view).
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, rows, kKvLoraRank, &alpha,
-                                          r.weights.w_uv.data, CUDA_R_16BF, kVHeadDim, kKvLoraRank * kVHeadDim, r.latent,
-                                          CUDA_R_16BF, H * kKvLoraRank, kKvLoraRank, &beta, r.v, CUDA_R_16BF,
-                                          H * kVHeadDim, kVHeadDim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, rows, kKvLoraRank, &alpha,
+                                              r.weights.w_uv.data, CUDA_R_16BF, kVHeadDim, kKvLoraRank * kVHeadDim, r.latent,
+                                              CUDA_R_16BF, H * kKvLoraRank, kKvLoraRank, &beta, r.v, CUDA_R_16BF,
+                                              H * kVHeadDim, kVHeadDim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   stock_gate_kernel<<<rows, 256, 0, stream>>>(r.v, projected, pitch, s.lengths.as<const int32_t>(), c.q,
                                               args.num_requests, H * kVHeadDim, s.out.as<__nv_bfloat16>());
   MLA_CUDA_CHECK_LAUNCH();
@@ -200,8 +194,8 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cublasHandle_t cublas;
-    CUBLAS_CHECK(cublasCreate(&cublas));
-    CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    MLA_CUBLAS_CHECK(cublasCreate(&cublas));
+    MLA_CUBLAS_CHECK(cublasSetStream(cublas, stream));
     const timing::Ceilings ceilings = timing::measure_ceilings(stream);
     cudaDeviceProp prop{};
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -250,7 +244,7 @@ int main(int argc, char** argv) {
       }
     }
     if (csv) std::fclose(csv);
-    CUBLAS_CHECK(cublasDestroy(cublas));
+    MLA_CUBLAS_CHECK(cublasDestroy(cublas));
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step_bench: %s\n", e.what());

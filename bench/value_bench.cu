@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_device.cuh"
+#include "common/cublas_check.h"
 #include "common/cuda_check.h"
 #include "device_timing.h"
 #include "mla/dims.h"
@@ -37,31 +39,10 @@
 namespace mla::bench {
 namespace {
 
-#define CUBLAS_CHECK(call)                                                                                 \
-  do {                                                                                                     \
-    const cublasStatus_t status_ = (call);                                                                 \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-      throw Error("cuBLAS error " + std::to_string(int(status_)) + " from " #call " at " + __FILE__ + ":" + \
-                  std::to_string(__LINE__));                                                               \
-    }                                                                                                      \
-  } while (0)
-
 constexpr int kMinLaunchesPerGraph = 20;
 constexpr int kReplays = 30;
 constexpr double kColdBytes = 150e6;  // per graph pass, > 2x the H200's 60 MB L2
 constexpr int kMaxReplicas = 96;
-
-// Random finite bf16 in [-scale / 2, scale / 2) from a hash (never zeros: they run faster).
-__global__ void fill_random_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    const float u = float(x >> 40) / float(1 << 24) - 0.5f;
-    p[i] = __float2bfloat16_rn(u * scale);
-  }
-}
 
 // The stock gate: out = bf16(v * sigmoid(gate)), zero rows 0; one thread per 8 columns (16-byte
 // gate loads and out stores), v bf16 or fp32 as the GEMM wrote it. q = 1: request = row.
@@ -97,13 +78,6 @@ __global__ void stock_gate_kernel(const V* v, const __nv_bfloat16* projected, in
                                       zero ? 0.0f : x[2 * i + 1] / (1.0f + expf(-g1)));
   }
   *reinterpret_cast<uint4*>(out + int64_t{row} * width + column) = result;
-}
-
-template <class T>
-T* device_alloc(size_t count) {
-  T* p = nullptr;
-  MLA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, count * sizeof(T))));
-  return p;
 }
 
 // One replica of the stage's inputs and output (q = 1, every request non-empty: all rows do work).
@@ -146,9 +120,9 @@ Problem make_problem(int rows, int heads, cudaStream_t stream) {
     r.projected = device_alloc<__nv_bfloat16>(projected_count);
     r.out = device_alloc<__nv_bfloat16>(out_count);
     const uint64_t seed = 1000 * uint64_t(i);
-    fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(r.w_uv, w_count, seed + 1, 2.f * 1.7f / std::sqrt(512.f));
-    fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(r.latent, latent_count, seed + 2, 1.0f);
-    fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(r.projected, projected_count, seed + 3, 6.0f);
+    fill_random_bf16<<<1024, 256, 0, stream>>>(r.w_uv, w_count, seed + 1, 2.f * 1.7f / std::sqrt(512.f));
+    fill_random_bf16<<<1024, 256, 0, stream>>>(r.latent, latent_count, seed + 2, 1.0f);
+    fill_random_bf16<<<1024, 256, 0, stream>>>(r.projected, projected_count, seed + 3, 6.0f);
     MLA_CUDA_CHECK_LAUNCH();
     p.replicas.push_back(r);
   }
@@ -209,11 +183,11 @@ double time_stock(const Problem& p, bool fp32_v, cublasHandle_t cublas, cudaStre
         const Replica& r = p.replicas[i % p.replicas.size()];
         const float alpha = 1.f, beta = 0.f;
         // Column-major view: v^T (128 x rows) = W_UV[h]^T (128 x 512) . latent[h]^T (512 x rows), per head.
-        CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, p.rows, kKvLoraRank, &alpha,
-                                                r.w_uv, CUDA_R_16BF, kVHeadDim, int64_t{kKvLoraRank} * kVHeadDim,
-                                                r.latent, CUDA_R_16BF, p.heads * kKvLoraRank, kKvLoraRank, &beta, p.v,
-                                                fp32_v ? CUDA_R_32F : CUDA_R_16BF, width, kVHeadDim, p.heads,
-                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        MLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, p.rows, kKvLoraRank, &alpha,
+                                                    r.w_uv, CUDA_R_16BF, kVHeadDim, int64_t{kKvLoraRank} * kVHeadDim,
+                                                    r.latent, CUDA_R_16BF, p.heads * kKvLoraRank, kKvLoraRank, &beta, p.v,
+                                                    fp32_v ? CUDA_R_32F : CUDA_R_16BF, width, kVHeadDim, p.heads,
+                                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (fp32_v) {
           stock_gate_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(p.v), r.projected, p.pitch,
                                                                    p.lengths, p.rows, p.rows, width, r.out);
@@ -244,11 +218,11 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cublasHandle_t cublas;
-    CUBLAS_CHECK(cublasCreate(&cublas));
-    CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    MLA_CUBLAS_CHECK(cublasCreate(&cublas));
+    MLA_CUBLAS_CHECK(cublasSetStream(cublas, stream));
     constexpr size_t kCublasWorkspaceBytes = size_t{64} << 20;  // no allocation inside the captured graphs
     void* cublas_workspace = bench::device_alloc<uint8_t>(kCublasWorkspaceBytes);
-    CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspaceBytes));
+    MLA_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspaceBytes));
 
     cudaDeviceProp prop{};
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -320,7 +294,7 @@ int main(int argc, char** argv) {
       std::fclose(f);
     }
     MLA_CUDA_CHECK(cudaFree(cublas_workspace));
-    CUBLAS_CHECK(cublasDestroy(cublas));
+    MLA_CUBLAS_CHECK(cublasDestroy(cublas));
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "value_bench: %s\n", e.what());

@@ -8,20 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/cublas_check.h"
 #include "common/cuda_check.h"
 #include "mla/dims.h"
 
 namespace mla::timing {
 namespace {
-
-#define MLA_CUBLAS_CHECK(call)                                                                        \
-  do {                                                                                                \
-    const cublasStatus_t status_ = (call);                                                            \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-      throw Error(std::string("cuBLAS error ") + std::to_string(int(status_)) + " from " #call " at " + \
-                  __FILE__ + ":" + std::to_string(__LINE__));                                         \
-    }                                                                                                 \
-  } while (0)
 
 __device__ uint32_t hash32(uint64_t i) {
   uint64_t x = i * 0x9e3779b97f4a7c15ull;
