@@ -6,13 +6,14 @@
 // Block: 8 warps. Per page of 64 tokens:
 //   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead by every thread's
 //      16-byte cp.async into 592-byte shared rows);
-//   2. S = Q·K^T: warp w computes 16 rows x its 8 tokens (m16n8k16 f16, fp32 accumulate, two
-//      accumulator chains), Q from an f16 tile in shared memory, K converted e4m3 -> f16 per page;
-//   3. online softmax in base 2: page row max across the 8 warps through shared memory, then
+//   2. S = Q·K^T: warp w computes 16 rows x tokens [16(w%4), +16) over k half w/4 (m16n8k16 f16,
+//      fp32 accumulate; the second half's partial sums go to the first through shared memory), Q from
+//      an f16 tile in shared memory, K converted e4m3 -> f16 per page;
+//   3. online softmax in base 2: page row max across the token groups through shared memory, then
 //      p = exp2(s·scale·log2e − m) as fp16 into the shared P tile (sums kept in fp32);
 //   4. O += P·V in fp16 (m16n8k16, fp32 accumulate): warp w computes 16 rows x its 64 latent dims
-//      over all 64 tokens; V fragments come from 32-bit shared loads of the FP8 bytes, byte-permuted
-//      and converted e4m3 -> f16x2 (exact). NOTE: FP8 P would halve the P·V MMAs but costs ~3 % relative
+//      over all 64 tokens; V fragments come from ldmatrix.trans of the FP8 bytes, byte-permuted and
+//      converted e4m3 -> f16x2 (exact). NOTE: FP8 P would halve the P·V MMAs but costs ~3 % relative
 //      error on zero-mean latents (e4m3 keeps 3 mantissa bits of each weight); fp16 P costs ~3e-4.
 // The end writes bf16 latent + LSE (one split) or fp32 partials for the combine kernel.
 #pragma once
@@ -82,6 +83,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* ptr) {
                : "r"(smem_addr(ptr)));
 }
 
+// ldmatrix of four transposed 8x8 b16 matrices: thread (g, c) gets elements [2c][g] and [2c + 1][g].
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(ptr)));
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
@@ -100,6 +108,23 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   uint32_t h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(pair)));
   return h2;
+}
+
+// The two e4m3 values of the high 16 bits as f16x2. NOTE: through a 16-bit register view, not a
+// shift: ptxas then reads the high half directly (F2FP ... R.H1), one instruction instead of two.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t pair) {
+  uint32_t h2;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(h2) : "r"(pair));
+  return h2;
+}
+
+// 2^x on the MUFU unit, results below 2^-126 flushed to zero. NOTE: exp2f adds a denormal-range fixup
+// (compare, two multiplies) around the same instruction; softmax weights that small are zero in fp16 P
+// anyway, and a running-max rescale that small leaves nothing of the old sums at fp32 precision.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // D = A·B + D, m16n8k16, A/B f16, fp32 accumulate.
@@ -147,8 +172,8 @@ __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int reque
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
 __device__ __forceinline__ void e4m3x16_to_f16_permuted(const uint4& v, uint4& lo, uint4& hi) {
   lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.w));
-  hi = make_uint4(e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y >> 16), e4m3x2_to_f16x2(v.z >> 16),
-                  e4m3x2_to_f16x2(v.w >> 16));
+  hi = make_uint4(e4m3x2_hi_to_f16x2(v.x), e4m3x2_hi_to_f16x2(v.y), e4m3x2_hi_to_f16x2(v.z),
+                  e4m3x2_hi_to_f16x2(v.w));
 }
 
 // Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
@@ -223,18 +248,36 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // PDL: the query and this step's cache rows come from the query kernel.
   griddep_wait();
 
-  // Producer (every thread): page `k` of this split into its stage (9 16-byte cp.async per thread),
-  // then one arrival per thread on the stage's mbarrier. NOTE: the first version issued 64 row-wise
-  // cp.async.bulk copies per page from warp 0; measured 39-42 % of copy bandwidth at 128x4k x16 whatever
-  // the warp count (4 or 8) or ring depth, and 1 CTA/SM ran 1.5x slower than 2. This spread issue gave
-  // 48 % and 1 CTA/SM ~ 2 CTAs/SM.
-  auto issue_page = [&](int k) {
-    const int stage = k % kStages;
-    copy_page_async<kNumThreads>(p, pages, page_begin + k, length,
-                                 [&](int r, int chunk) { return &smem.kv[stage][r][16 * chunk]; });
+  // Producer (every thread): the split's next page into its stage, then one arrival per thread on the
+  // stage's mbarrier. Thread t copies token row t / 4, its 16-byte chunks (t % 4) + 4i (i < 9): one row
+  // predicate and immediate offsets for all nine copies, and the next page's block-table entry is
+  // loaded one page ahead. NOTE: the first version issued 64 row-wise cp.async.bulk copies per page from
+  // warp 0 (39-42 % of copy bandwidth at 128x4k x16 whatever the warp count or ring depth); the generic
+  // mapping (copy_page_async) recomputed a row and a 64-bit address per copy (~100 instructions a thread
+  // and page) after a dependent load of the page's block-table entry.
+  constexpr int kCopyThreadsPerRow = kNumThreads / kPageSize;            // 4
+  constexpr int kCopiesPerThread = kKeyDim / 16 / kCopyThreadsPerRow;    // 9
+  static_assert(kNumThreads == kPageSize * kCopyThreadsPerRow && kKeyDim == 16 * kCopyThreadsPerRow * kCopiesPerThread,
+                "the page copy: whole rows per thread quad, whole 16-byte chunks per thread");
+  const int copy_row = threadIdx.x / kCopyThreadsPerRow;
+  const int copy_col = 16 * (threadIdx.x % kCopyThreadsPerRow);
+  int issued = 0;  // pages of this split issued so far
+  int32_t next_page_id = my_pages > 0 ? pages[page_begin] : 0;
+  auto issue_next_page = [&]() {
+    const int stage = issued % kStages;
+    // Rows past the length are zero-filled (src size 0), never read: the cache may hold anything there.
+    const bool valid = int64_t{page_begin + issued} * kPageSize + copy_row < length;
+    const uint8_t* src = p.cache + int64_t{next_page_id} * p.stride_cache_page + copy_row * kKeyDim + copy_col;
+    uint8_t* dst = &smem.kv[stage][copy_row][copy_col];
+#pragma unroll
+    for (int i = 0; i < kCopiesPerThread; ++i) {
+      cp_async_16(dst + 16 * kCopyThreadsPerRow * i, src + 16 * kCopyThreadsPerRow * i, valid ? 16u : 0u);
+    }
     cp_async_mbar_arrive(&smem.full[stage]);
+    ++issued;
+    if (issued < my_pages) next_page_id = pages[page_begin + issued];
   };
-  for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
+  for (int k = 0; k < min(kStages, my_pages); ++k) issue_next_page();
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
   // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
@@ -263,7 +306,13 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int k_lane_offset = (kQkTokensPerWarp * token_group + lane % 8 + 8 * (lane / 16)) * kKvRowBytes +
                             16 * (kQkStepsPerWarp * k_half + (lane / 8) % 2);
 
-  float acc[kDimsPerWarp / 32][4][4];  // [32-dim chunk][n8 tile][fragment]: 64 fp32 registers
+  // ldmatrix.x4 lane address of P (A of the P·V m16n8k16, the same matrix order as the query's), at k16 step 0.
+  const __half* p_lane = &smem.p[(lane % 8) + 8 * ((lane / 8) % 2)][8 * (lane / 16)];
+  // ldmatrix.x4.trans lane address of V in a page at k16 step 0: matrices (tokens 0-7 | 8-15) x (dims
+  // 0-15 | 16-31 of the warp's first 32-dim chunk).
+  const int v_lane_offset = ((lane % 8) + 8 * ((lane / 8) % 2)) * kKvRowBytes + warp * kDimsPerWarp + 16 * (lane / 16);
+
+  float acc[kDimsPerWarp / 32][4][4];  // [32-dim chunk][n8 tile][fragment]: 32 fp32 registers
 #pragma unroll
   for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
 #pragma unroll
@@ -300,7 +349,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 #pragma unroll
         for (int tile = 0; tile < 2; ++tile) {
           const uint32_t r = b[2 * tile + e];
-          mma_f16(s[tile], a, e4m3x2_to_f16x2(r), e4m3x2_to_f16x2(r >> 16));
+          mma_f16(s[tile], a, e4m3x2_to_f16x2(r), e4m3x2_hi_to_f16x2(r));
         }
       }
     }
@@ -312,7 +361,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     __syncthreads();  // (A0) partial sums visible; every warp is done with the previous page
 
     // The previous page's stage is free now: refill it kStages - 1 pages ahead.
-    if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
+    if (it >= 1 && issued < my_pages) issue_next_page();
 
     // 3b. (first k half) Add the partials, scale to base-2 logits, mask (only pages that reach past a
     // causal bound or the length), page row max over the group's 16 tokens.
@@ -369,16 +418,16 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
     const float m_use0 = m_new0 == -INFINITY ? 0.0f : m_new0;
     const float m_use1 = m_new1 == -INFINITY ? 0.0f : m_new1;
-    const float alpha0 = exp2f(m_run[0] - m_use0);
-    const float alpha1 = exp2f(m_run[1] - m_use1);
+    const float alpha0 = ex2_ftz(m_run[0] - m_use0);
+    const float alpha1 = ex2_ftz(m_run[1] - m_use1);
     m_run[0] = m_new0;
     m_run[1] = m_new1;
     if (k_half == 0) {
       float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
-        const float p00 = exp2f(s[tile][0] - m_use0), p01 = exp2f(s[tile][1] - m_use0);
-        const float p10 = exp2f(s[tile][2] - m_use1), p11 = exp2f(s[tile][3] - m_use1);
+        const float p00 = ex2_ftz(s[tile][0] - m_use0), p01 = ex2_ftz(s[tile][1] - m_use0);
+        const float p10 = ex2_ftz(s[tile][2] - m_use1), p11 = ex2_ftz(s[tile][3] - m_use1);
         sum0 += p00 + p01;
         sum1 += p10 + p11;
         // P[row][token] in fp16; this tile's tokens are columns [16 group + 8 tile, +8).
@@ -389,41 +438,43 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       l_run[0] = l_run[0] * alpha0 + sum0;
       l_run[1] = l_run[1] * alpha1 + sum1;
     }
+    // NOTE: once the running maxima settle (most pages of a long split) every alpha is 1: skipping the
+    // 32 multiplies is a warp-uniform branch (every warp holds all 16 rows' alphas).
+    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
 #pragma unroll
-    for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
+      for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[ch][j][0] *= alpha0;
-        acc[ch][j][1] *= alpha0;
-        acc[ch][j][2] *= alpha1;
-        acc[ch][j][3] *= alpha1;
-      }
+        for (int j = 0; j < 4; ++j) {
+          acc[ch][j][0] *= alpha0;
+          acc[ch][j][1] *= alpha0;
+          acc[ch][j][2] *= alpha1;
+          acc[ch][j][3] *= alpha1;
+        }
+    }
     __syncthreads();  // (B) P complete
 
-    // 3d. O += P·V over the page's 64 tokens (4 k16 steps) for this warp's 128 dims.
+    // 3d. O += P·V over the page's 64 tokens (4 k16 steps) for this warp's 64 dims. A = P by ldmatrix.x4.
+    // B = V by ldmatrix.x4.trans of the FP8 bytes read as b16 pairs: matrix m (tokens [8(m % 2), +8) of the
+    // step x dims [16(m / 2), +16) of the 32-dim chunk) gives thread (g, c) the bytes (token 2c: dims 2g,
+    // 2g + 1; token 2c + 1: dims 2g, 2g + 1); one prmt pairs them by dim, so its low half is B of the
+    // n8 tile of even dims (n = g <-> dim 2g) and its high half B of the tile of odd dims, each
+    // converted exactly by one cvt. Tiles j of a chunk: 0 / 1 = even / odd dims of [0, 16), 2 / 3 of
+    // [16, 32); the thread ends with dims 4c..4c+3 and 16+4c..16+4c+3 of each chunk.
+    // NOTE: 32-bit shared loads + two prmt per B register before (208 -> 140 instructions a warp and page).
 #pragma unroll
     for (int kk = 0; kk < kPageSize / 16; ++kk) {
       uint32_t a[4];
-      a[0] = *reinterpret_cast<const uint32_t*>(&smem.p[g][16 * kk + 2 * c]);
-      a[1] = *reinterpret_cast<const uint32_t*>(&smem.p[g + 8][16 * kk + 2 * c]);
-      a[2] = *reinterpret_cast<const uint32_t*>(&smem.p[g][16 * kk + 8 + 2 * c]);
-      a[3] = *reinterpret_cast<const uint32_t*>(&smem.p[g + 8][16 * kk + 8 + 2 * c]);
+      ldmatrix_x4(a, p_lane + 16 * kk);
 #pragma unroll
       for (int ch = 0; ch < kDimsPerWarp / 32; ++ch) {
-        // NOTE: B of n8 tile j takes dim 4n + j of the 32-dim chunk at column n, so that one 32-bit
-        // load per token row (dims 4g..4g+3) feeds four tiles, and the thread ends up holding the
-        // 8 contiguous dims 8c..8c+7 of the output. Rows 2c + const sit 8 banks apart (592-B rows).
-        const uint8_t* v = kv + (16 * kk + 2 * c) * kKvRowBytes + warp * kDimsPerWarp + ch * 32 + 4 * g;
-        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(v);                    // token 2c
-        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(v + kKvRowBytes);      // token 2c + 1
-        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(v + 8 * kKvRowBytes);  // token 2c + 8
-        const uint32_t w3 = *reinterpret_cast<const uint32_t*>(v + 9 * kKvRowBytes);  // token 2c + 9
+        uint32_t v[4];
+        ldmatrix_x4_trans(v, kv + 16 * kk * kKvRowBytes + v_lane_offset + 32 * ch);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t selector = j | ((4 + j) << 4);  // bytes j of the two words, low one first
-          const uint32_t b0 = e4m3x2_to_f16x2(prmt(w0, w1, selector));
-          const uint32_t b1 = e4m3x2_to_f16x2(prmt(w2, w3, selector));
-          mma_f16(acc[ch][j], a, b0, b1);
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t lo_tokens = prmt(v[2 * half], 0u, 0x3120u);      // tokens 2c, 2c + 1
+          const uint32_t hi_tokens = prmt(v[2 * half + 1], 0u, 0x3120u);  // tokens 2c + 8, 2c + 9
+          mma_f16(acc[ch][2 * half], a, e4m3x2_to_f16x2(lo_tokens), e4m3x2_to_f16x2(hi_tokens));
+          mma_f16(acc[ch][2 * half + 1], a, e4m3x2_hi_to_f16x2(lo_tokens), e4m3x2_hi_to_f16x2(hi_tokens));
         }
       }
     }
@@ -453,7 +504,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const float lse0 = sum0 > 0.0f ? (m_run[0] + log2f(sum0)) * kLn2 : -INFINITY;
   const float lse1 = sum1 > 0.0f ? (m_run[1] + log2f(sum1)) * kLn2 : -INFINITY;
 
-  // ---- Phase 5: stores: thread holds dims chunk*32 + 8c + [0, 8) of rows g, g+8 ---------------------
+  // ---- Phase 5: stores: the thread holds dims chunk·32 + 16b + 4c + [0, 4) (b = 0, 1) of rows g, g+8 --
+  // (tile 2b: dims 4c, 4c + 2 as fragments 0, 1; tile 2b + 1: dims 4c + 1, 4c + 3; rows g + 8: 2, 3).
   const bool direct = p.num_splits == 1;
   const float out_scale0 = direct ? inv0 * p.k_scale : inv0;
   const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
@@ -465,27 +517,22 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     const int64_t entry = entry0 + row;
 #pragma unroll
     for (int ch = 0; ch < kDimsPerWarp / 32; ++ch) {
-      float v[8];
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[4 * e + j] = acc[ch][j][2 * half + e] * scale;
-      const int dim = warp * kDimsPerWarp + ch * 32 + 8 * c;
-      if (direct) {
-        uint4 packed;
-        __nv_bfloat162 b01 = __floats2bfloat162_rn(v[0], v[1]);
-        __nv_bfloat162 b23 = __floats2bfloat162_rn(v[2], v[3]);
-        __nv_bfloat162 b45 = __floats2bfloat162_rn(v[4], v[5]);
-        __nv_bfloat162 b67 = __floats2bfloat162_rn(v[6], v[7]);
-        packed.x = *reinterpret_cast<uint32_t*>(&b01);
-        packed.y = *reinterpret_cast<uint32_t*>(&b23);
-        packed.z = *reinterpret_cast<uint32_t*>(&b45);
-        packed.w = *reinterpret_cast<uint32_t*>(&b67);
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-      } else {
-        float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
-        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      for (int b = 0; b < 2; ++b) {
+        const float v0 = acc[ch][2 * b][2 * half] * scale, v1 = acc[ch][2 * b + 1][2 * half] * scale;
+        const float v2 = acc[ch][2 * b][2 * half + 1] * scale, v3 = acc[ch][2 * b + 1][2 * half + 1] * scale;
+        const int dim = warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c;
+        if (direct) {
+          __nv_bfloat162 b01 = __floats2bfloat162_rn(v0, v1);
+          __nv_bfloat162 b23 = __floats2bfloat162_rn(v2, v3);
+          uint2 packed;
+          packed.x = *reinterpret_cast<uint32_t*>(&b01);
+          packed.y = *reinterpret_cast<uint32_t*>(&b23);
+          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
+        } else {
+          float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
+          *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
+        }
       }
     }
     if (warp == 0 && c == 0) {

@@ -267,8 +267,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
         for (int t = 0; t < 2; ++t) {
           a[t][0] = e4m3x2_to_f16x2(f[2 * t]);
           a[t][1] = e4m3x2_to_f16x2(f[2 * t + 1]);
-          a[t][2] = e4m3x2_to_f16x2(f[2 * t] >> 16);
-          a[t][3] = e4m3x2_to_f16x2(f[2 * t + 1] >> 16);
+          a[t][2] = e4m3x2_hi_to_f16x2(f[2 * t]);
+          a[t][3] = e4m3x2_hi_to_f16x2(f[2 * t + 1]);
         }
 #pragma unroll
         for (int t = 0; t < 2; ++t)
@@ -366,10 +366,10 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
         const float m_new = fmaxf(m_run[j][e], page_max);
         // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = exp2f(m_run[j][e] - m_use);
+        const float alpha = ex2_ftz(m_run[j][e] - m_use);
         m_run[j][e] = m_new;
-        const float pa = exp2f(x[4 * j + e] - m_use);
-        const float pb = exp2f(x[4 * j + 2 + e] - m_use);
+        const float pa = ex2_ftz(x[4 * j + e] - m_use);
+        const float pb = ex2_ftz(x[4 * j + 2 + e] - m_use);
         l_run[j][e] = l_run[j][e] * alpha + (pa + pb);
         const int n = wg * kRowsWg + nl;  // row within the tile
         uint8_t* row = p_tile + n * (kPageSize * 2);
