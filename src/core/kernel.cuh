@@ -45,6 +45,11 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 }
 
+// One arrival (release: this thread's prior shared-memory stores are visible to the waiters).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int64_t bound_min = total - p.q + (m_tile * kBlockM) / p.num_heads;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kNumThreads);
+    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -248,34 +253,32 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // PDL: the query and this step's cache rows come from the query kernel.
   griddep_wait();
 
-  // Producer (every thread): the split's next page into its stage, then one arrival per thread on the
-  // stage's mbarrier. Thread t copies token row t / 4, its 16-byte chunks (t % 4) + 4i (i < 9): one row
-  // predicate and immediate offsets for all nine copies, and the next page's block-table entry is
-  // loaded one page ahead. NOTE: the first version issued 64 row-wise cp.async.bulk copies per page from
-  // warp 0 (39-42 % of copy bandwidth at 128x4k x16 whatever the warp count or ring depth); the generic
-  // mapping (copy_page_async) recomputed a row and a 64-bit address per copy (~100 instructions a thread
-  // and page) after a dependent load of the page's block-table entry.
-  constexpr int kCopyThreadsPerRow = kNumThreads / kPageSize;            // 4
-  constexpr int kCopiesPerThread = kKeyDim / 16 / kCopyThreadsPerRow;    // 9
-  static_assert(kNumThreads == kPageSize * kCopyThreadsPerRow && kKeyDim == 16 * kCopyThreadsPerRow * kCopiesPerThread,
-                "the page copy: whole rows per thread quad, whole 16-byte chunks per thread");
-  const int copy_row = threadIdx.x / kCopyThreadsPerRow;
-  const int copy_col = 16 * (threadIdx.x % kCopyThreadsPerRow);
+  // Producer (threads 0-63, one token row each): the split's next page into its stage. A row within the
+  // length is one 576-byte cp.async.bulk (the copy engine) counted by expect_tx on the stage's mbarrier;
+  // a row past it is zero-filled by the thread's own stores before its arrival (never read: the cache
+  // may hold anything there, NaN bytes included, and p = 0 times NaN would poison the accumulators).
+  // The next page's block-table entry is loaded one page ahead. NOTE: 16-byte cp.async by every thread
+  // (9 a thread and page) spent ~13 % of the warp samples issuing copies and on MIO-queue stalls (ncu,
+  // 2026-12-04); the first version's row-wise bulk copies came from one warp (64 a page).
   int issued = 0;  // pages of this split issued so far
-  int32_t next_page_id = my_pages > 0 ? pages[page_begin] : 0;
+  int32_t next_page_id = my_pages > 0 && threadIdx.x < kPageSize ? pages[page_begin] : 0;
   auto issue_next_page = [&]() {
     const int stage = issued % kStages;
-    // Rows past the length are zero-filled (src size 0), never read: the cache may hold anything there.
-    const bool valid = int64_t{page_begin + issued} * kPageSize + copy_row < length;
-    const uint8_t* src = p.cache + int64_t{next_page_id} * p.stride_cache_page + copy_row * kKeyDim + copy_col;
-    uint8_t* dst = &smem.kv[stage][copy_row][copy_col];
+    if (threadIdx.x < kPageSize) {
+      const int row = threadIdx.x;
+      const int32_t page_id = next_page_id;
+      if (issued + 1 < my_pages) next_page_id = pages[page_begin + issued + 1];
+      uint8_t* dst = &smem.kv[stage][row][0];
+      if (int64_t{page_begin + issued} * kPageSize + row < length) {
+        mbar_arrive_expect_tx(&smem.full[stage], kKeyDim);
+        bulk_copy_g2s(dst, p.cache + int64_t{page_id} * p.stride_cache_page + row * kKeyDim, kKeyDim, &smem.full[stage]);
+      } else {
 #pragma unroll
-    for (int i = 0; i < kCopiesPerThread; ++i) {
-      cp_async_16(dst + 16 * kCopyThreadsPerRow * i, src + 16 * kCopyThreadsPerRow * i, valid ? 16u : 0u);
+        for (int i = 0; i < kKeyDim / 16; ++i) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0u, 0u, 0u, 0u);
+        mbar_arrive(&smem.full[stage]);
+      }
     }
-    cp_async_mbar_arrive(&smem.full[stage]);
     ++issued;
-    if (issued < my_pages) next_page_id = pages[page_begin + issued];
   };
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_next_page();
 
