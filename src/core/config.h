@@ -31,8 +31,7 @@ inline constexpr int kDimsPerWarp = kKvLoraRank / kNumWarps;      // 64
 inline constexpr int kPageBytes = kPageSize * kKeyDim;            // 36864 bytes that one page moves
 
 // NOTE: a cached token row (576 B) lands in shared memory padded to 592 B (148 words = 20 mod 32).
-// That makes the 8-row ldmatrix of K conflict-free, and the V loads of P·V (rows 2c + const, c =
-// lane % 4, 32-bit words 4g) too.
+// That makes the 8-row ldmatrix of K (Q·K^T) and the 8-row ldmatrix.trans of V (P·V) conflict-free.
 inline constexpr int kKvRowBytes = kKeyDim + 16;
 // P tile: 16 rows x 64 tokens of fp16, rows padded to 72 halves (36 words = 4 mod 32): the A-fragment
 // loads (row g, word c) and the stores hit 32 distinct banks.
