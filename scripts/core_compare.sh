@@ -3,9 +3,9 @@
 # in the same call, so clocks and the machine are the same).
 #   scripts/core_compare.sh build-base REV   here: build REV's core_bench in a git worktree (build-base-src/,
 #                                            git-ignored) and strip it to $BUILD_DIR/base/core_bench
-#   scripts/core_compare.sh run [args]       on the device: the GPU tests that run the core (core, pipeline,
-#                                            dcp, value), then $BUILD_DIR/bench/core_bench and the base one
-#                                            with the same core_bench args; a before/after table last
+#   scripts/core_compare.sh run [args]       on the device: every GPU test (scripts/gpu_check.sh tests), then
+#                                            $BUILD_DIR/bench/core_bench and the base one with the same
+#                                            core_bench args; a before/after table last
 # BUILD_DIR (default build-final) holds the binaries to run; OUT (default ./gpu-out) receives the logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +28,7 @@ case "$mode" in
   run)
     out=${OUT:-gpu-out}
     mkdir -p "$out"
-    for t in core pipeline dcp value; do
-      timeout 200 "$build/tests/mla_gpu_${t}_tests" --gtest_brief=1 > "$out/${t}_tests.log" 2>&1
-      echo "$t tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/${t}_tests.log" | tr '\n' ' ')"
-    done
+    BUILD_DIR="$build" OUT="$out" scripts/gpu_check.sh tests  # every GPU test binary, a summary table
     timeout 300 "$build/bench/core_bench" --out "$out/core_new.md" "$@" > "$out/core_new.log" 2>&1
     echo "new core_bench rc=$?"
     timeout 300 "$build/base/core_bench" --out "$out/core_base.md" "$@" > "$out/core_base.log" 2>&1

@@ -4,8 +4,8 @@
 // Grid: x = M-tile of the request (16 rows of the folded (q row, head) M side; fastest so that the
 // M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request.
 // Block: 8 warps. Per page of 64 tokens:
-//   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead by every thread's
-//      16-byte cp.async into 592-byte shared rows);
+//   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead, one 576-byte
+//      cp.async.bulk per token row by threads 0-63, into 592-byte shared rows);
 //   2. S = Q·K^T: warp w computes 16 rows x tokens [16(w%4), +16) over k half w/4 (m16n8k16 f16,
 //      fp32 accumulate; the second half's partial sums go to the first through shared memory), Q from
 //      an f16 tile in shared memory, K converted e4m3 -> f16 per page;
