@@ -27,7 +27,8 @@ struct LayerDims {
   float rms_eps = 1e-5f;   // epsilon of both RMSNorms
 };
 
-// The layer's weights (bf16, contiguous) and per-tensor FP8 scales. Non-owning.
+// The layer's weights (bf16, contiguous, 16-byte aligned data pointers) and per-tensor FP8 scales.
+// Non-owning.
 struct Weights {
   TensorView q_a_norm;   // [1536] bf16: RMSNorm weight of q_a
   TensorView kv_a_norm;  // [512] bf16: RMSNorm weight of kv_a
@@ -48,9 +49,9 @@ struct DcpLayout {
 
 // What one decode step reads and writes. All device tensors on the prepared object's GPU.
 struct StepInputs {
-  TensorView projected;    // [rows, >= 2112 + H*128] bf16, row stride = the pitch prepared for `rows`
-  TensorView out;          // [rows, H*128] bf16, contiguous: feeds o_proj
-  TensorView cache;        // [num_pages, 64, 576] FP8 e4m3 (or u8); page stride >= 64*576 allowed
+  TensorView projected;    // [rows, >= 2112 + H*128] bf16, 16-byte aligned, row stride = the pitch prepared for `rows`
+  TensorView out;          // [rows, H*128] bf16, contiguous, 16-byte aligned: feeds o_proj
+  TensorView cache;        // [num_pages, 64, 576] FP8 e4m3 (or u8), 16-byte aligned; page stride >= 64*576, multiple of 16
   TensorView slots;        // [rows] int64: cache slot (page*64 + offset) of each row's token, -1 = none
   TensorView block_table;  // [reqs, max_pages] int32, reqs <= rows/q (missing requests are padding)
   TensorView lengths;      // [reqs] int32: tokens in this GPU's cache, including this step's new ones
@@ -97,9 +98,10 @@ struct PreparedShape {
 class PreparedMla {
  public:
   // `pitches` maps each batch size (rows) to the row stride of its projected tensor.
-  // `query_scratch` is [max rows, H, 576] FP8 device memory owned by the caller; under DCP it must be
-  // absent (a default TensorView): the group's mailboxes [max_rows, D*H, 576] replace it, the group's
-  // H must be dims.num_heads, its max_rows at least the largest batch, its device the weights'.
+  // `query_scratch` is [max rows, H, 576] FP8 device memory (contiguous, 16-byte aligned) owned by the
+  // caller; under DCP it must be absent (a default TensorView): the group's mailboxes
+  // [max_rows, D*H, 576] replace it, the group's H must be dims.num_heads, its max_rows at least the
+  // largest batch, its device the weights'.
   // Shapes {(b, q) : b in pitches, q in queries, b % q == 0} are planned here; bad arguments throw.
   PreparedMla(const Weights& weights, const LayerDims& dims, const std::map<int64_t, int64_t>& pitches,
               const TensorView& query_scratch, const PrepareOptions& options = {});

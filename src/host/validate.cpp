@@ -178,6 +178,13 @@ void validate_weights(const Weights& weights, const LayerDims& dims, Memory memo
                  device_index);
   require_tensor("w_uk_t", weights.w_uk_t, DType::kBF16, {heads, kNopeDim, kKvLoraRank}, memory, device_index);
   require_tensor("w_uv", weights.w_uv, DType::kBF16, {heads, kKvLoraRank, kVHeadDim}, memory, device_index);
+  // Every weight is read in 16-byte vectors (loads, cp.async): a view at an odd element offset would
+  // fault inside a kernel instead of failing here.
+  require_16_byte_aligned("q_a_norm", weights.q_a_norm);
+  require_16_byte_aligned("kv_a_norm", weights.kv_a_norm);
+  require_16_byte_aligned("q_b_proj", weights.q_b_proj);
+  require_16_byte_aligned("w_uk_t", weights.w_uk_t);
+  require_16_byte_aligned("w_uv", weights.w_uv);
   require_positive_finite("q_scale", weights.q_scale);
   require_positive_finite("k_scale", weights.k_scale);
 }
@@ -188,6 +195,7 @@ void validate_query_scratch(const TensorView& scratch, int64_t rows, int heads, 
   require_fp8("query_scratch", scratch);
   require_shape("query_scratch", scratch, {-1, heads, kKeyDim});
   require_contiguous("query_scratch", scratch);
+  require_16_byte_aligned("query_scratch", scratch);  // the query kernels store 16-byte vectors
   if (scratch.shape[0] < rows) {
     throw_bad_argument("query_scratch", "at least " + std::to_string(rows) + " rows (the largest batch)",
                        scratch.describe());
@@ -246,9 +254,11 @@ void validate_step(const StepInputs& step, const StepContract& contract) {
   require_fp8("cache", step.cache);
   require_shape("cache", step.cache, {-1, kPageSize, kKeyDim});
   if (step.cache.shape[0] < 1 || step.cache.stride[2] != 1 || step.cache.stride[1] != kKeyDim ||
-      step.cache.stride[0] < int64_t{kPageSize} * kKeyDim) {
-    throw_bad_argument("cache", "at least one page, token stride 576 and page stride >= 36864", step.cache.describe());
+      step.cache.stride[0] < int64_t{kPageSize} * kKeyDim || step.cache.stride[0] % 16 != 0) {
+    throw_bad_argument("cache", "at least one page, token stride 576 and page stride >= 36864, a multiple of 16",
+                       step.cache.describe());
   }
+  require_16_byte_aligned("cache", step.cache);  // pages move by 16-byte and bulk copies
 
   require_tensor("slots", step.slots, DType::kI64, {rows}, memory, device);
 

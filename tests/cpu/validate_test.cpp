@@ -191,6 +191,18 @@ TEST(Validate, CacheWrongPageShapeAndStride) {
   expect_step_error(s, host_contract(), {"cache", "fp8_e4m3 or u8", "bf16"});
 }
 
+// Pages move by 16-byte and bulk copies: the base and the page stride must keep every page aligned.
+TEST(Validate, CacheMustBe16ByteAligned) {
+  HostStep h;
+  std::vector<uint8_t> wide(kPages * (kPageSize * kKeyDim + 8) + 16);
+  StepInputs s = h.step();
+  s.cache = make_strided_view(wide.data(), DType::kU8, Memory::kHost, {kPages, kPageSize, kKeyDim},
+                              {kPageSize * kKeyDim + 8, kKeyDim, 1});
+  expect_step_error(s, host_contract(), {"cache", "a multiple of 16"});
+  s.cache = make_view(wide.data() + 8, DType::kU8, Memory::kHost, {kPages, kPageSize, kKeyDim});
+  expect_step_error(s, host_contract(), {"cache", "16-byte aligned"});
+}
+
 TEST(Validate, SlotsWrongDtype) {
   HostStep h;
   StepInputs s = h.step();
@@ -325,6 +337,29 @@ TEST(ValidateWeights, WrongShapes) {
   w = h.weights();
   w.kv_a_norm.shape[0] = 1536;
   expect_weights_error(w, dims, {"kv_a_norm", "[512]", "[1536]"});
+}
+
+// A weight view at an odd element offset (e.g. a slice of a larger buffer) is rejected by name.
+TEST(ValidateWeights, MustBe16ByteAligned) {
+  HostStep h;
+  const LayerDims dims{kHeads, 1e-5f};
+  for (const char* name : {"q_a_norm", "kv_a_norm", "q_b_proj", "w_uk_t", "w_uv"}) {
+    Weights w = h.weights();
+    TensorView& view = name == std::string("q_a_norm")    ? w.q_a_norm
+                       : name == std::string("kv_a_norm") ? w.kv_a_norm
+                       : name == std::string("q_b_proj")  ? w.q_b_proj
+                       : name == std::string("w_uk_t")    ? w.w_uk_t
+                                                          : w.w_uv;
+    view.data = static_cast<uint16_t*>(view.data) + 1;  // validation never dereferences it
+    expect_weights_error(w, dims, {name, "16-byte aligned"});
+  }
+}
+
+TEST(Validate, QueryScratchMustBe16ByteAligned) {
+  std::vector<uint8_t> bytes(2 * kHeads * kKeyDim + 16);
+  const TensorView scratch = make_view(bytes.data() + 8, DType::kFP8E4M3, Memory::kHost, {2, kHeads, kKeyDim});
+  expect_error([&] { detail::validate_query_scratch(scratch, 2, kHeads, Memory::kHost, 0); },
+               {"query_scratch", "16-byte aligned"});
 }
 
 TEST(ValidateWeights, ScalesAndDims) {
