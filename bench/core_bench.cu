@@ -5,10 +5,12 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...]
-//              [--small-batch] [--splits N ...]
+//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
-// times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4), and
-// each --splits N forces that split count (0 = planned) to find where the split plan should stop.
+// times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
+// each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
+// each --shape (e.g. 128x4096x16x1, a trailing v for varlen) replaces the shape list: one shape to
+// profile (ncu --launch-skip then counts launches of that shape only).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -165,6 +167,7 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   std::vector<int> split_counts;
   bool small_batch = false;
+  std::vector<Shape> chosen_shapes;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
@@ -183,9 +186,21 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
+    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
+      Shape s{};
+      char varlen = 0, extra = 0;
+      const int n = std::sscanf(argv[++i], "%dx%dx%dx%d%c%c", &s.batch, &s.context, &s.heads, &s.q, &varlen, &extra);
+      known = (n == 4 || (n == 5 && varlen == 'v')) && s.batch >= 1 && s.context >= 1 && s.heads >= 1 &&
+              s.heads <= mla::kMaxHeads && s.q >= 1 && s.q <= mla::kMaxQueries;
+      s.spread = n == 5 ? 0.5 : 0.0;
+      if (known) chosen_shapes.push_back(s);
     }
     if (!known) {
-      std::fprintf(stderr, "usage: core_bench [--out file.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...] [--small-batch] [--splits N ...]\n");
+      std::fprintf(stderr,
+                   "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
+                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...] [--small-batch] [--splits N ...] "
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...]\n",
+                   argv[i]);
       return 2;
     }
   }
@@ -204,7 +219,7 @@ int main(int argc, char** argv) {
                                        {32, 32768, 12, 1}, {16, 65536, 96, 4},
                                        // varlen batches: lengths spread +-50 % around the mean
                                        {128, 4096, 16, 1, 0.5}, {64, 8192, 16, 4, 0.5}, {32, 32768, 12, 1, 0.5}};
-    const std::vector<Shape>& shapes = small_batch ? small_shapes : issue_shapes;
+    const std::vector<Shape>& shapes = !chosen_shapes.empty() ? chosen_shapes : small_batch ? small_shapes : issue_shapes;
     std::string table;
     char line[512];
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
@@ -229,9 +244,9 @@ int main(int argc, char** argv) {
     std::printf("\n%s", table.c_str());
     if (out_path) {
       FILE* f = std::fopen(out_path, "w");
-      if (f) {
-        std::fputs(table.c_str(), f);
-        std::fclose(f);
+      if (!f || std::fputs(table.c_str(), f) < 0 || std::fclose(f) != 0) {
+        std::fprintf(stderr, "core_bench: cannot write --out %s\n", out_path);
+        return 1;
       }
     }
   } catch (const std::exception& e) {

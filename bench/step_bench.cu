@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s, %d SMs; ceilings: %s\n\n", prop.name, prop.multiProcessorCount, ceilings.describe().c_str());
 
     std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+    if (!csv_path.empty() && csv == nullptr) throw Error("step_bench: cannot write --csv " + csv_path);
     if (csv) std::fprintf(csv, "rows,context,heads,q,fused_us,stock_us,floor_us,fused_over_floor,stock_over_fused,gbs,tflops\n");
     std::printf("| rows | context | H | q | fused µs | floor µs | fused/floor | stock µs | stock/fused | GB/s | TFLOP/s |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -243,7 +244,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (csv) std::fclose(csv);
+    if (csv && std::fclose(csv) != 0) throw Error("step_bench: cannot write --csv " + csv_path);
     MLA_CUBLAS_CHECK(cublasDestroy(cublas));
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   } catch (const std::exception& e) {

@@ -290,8 +290,7 @@ int main(int argc, char** argv) {
     if (out_path != nullptr) {
       std::FILE* f = std::fopen(out_path, "w");
       if (f == nullptr) throw Error(std::string("value_bench: cannot write ") + out_path);
-      std::fputs(table.c_str(), f);
-      std::fclose(f);
+      if (std::fputs(table.c_str(), f) < 0 || std::fclose(f) != 0) throw Error(std::string("value_bench: cannot write ") + out_path);
     }
     MLA_CUDA_CHECK(cudaFree(cublas_workspace));
     MLA_CUBLAS_CHECK(cublasDestroy(cublas));
