@@ -102,11 +102,11 @@ Problem make_problem(int rows, int H, cudaStream_t stream) {
 }
 
 void free_problem(Problem& p) {
-  for (auto* x : p.q_b_proj) cudaFree(x);
-  for (auto* x : p.w_uk_t) cudaFree(x);
+  for (auto* x : p.q_b_proj) MLA_CUDA_CHECK(cudaFree(x));
+  for (auto* x : p.w_uk_t) MLA_CUDA_CHECK(cudaFree(x));
   for (void* x : {(void*)p.q_a_norm, (void*)p.kv_a_norm, (void*)p.projected, (void*)p.slots, (void*)p.query,
                   (void*)p.cache, (void*)p.qn, (void*)p.kvn, (void*)p.q, (void*)p.ql})
-    cudaFree(x);
+    MLA_CUDA_CHECK(cudaFree(x));
 }
 
 float time_query(Problem& p, const query::QueryPlan& plan, void* workspace, cublasHandle_t cublas, cudaStream_t stream) {
@@ -236,5 +236,6 @@ int main(int argc, char** argv) {
   MLA_CUDA_CHECK(cudaFree(workspace));
   CUBLAS_CHECK(cublasDestroy(cublas));
   CUBLAS_CHECK(cublasDestroy(cublas_ours));
+  MLA_CUDA_CHECK(cudaFree(cublas_ws));
   return 0;
 }
