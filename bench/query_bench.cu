@@ -24,6 +24,7 @@
 #include "mla/dims.h"
 #include "query/launch.h"
 #include "query_bench_stock.cuh"
+#include "timeline_report.h"
 
 namespace {
 
@@ -131,6 +132,41 @@ float time_query(Problem& p, const query::QueryPlan& plan, void* workspace, cubl
   }, kLaunchesPerGraph, kReplays);
 }
 
+// --timeline (an MLA_TIMELINE build): six back-to-back PDL launches of the fused kernel, each with its
+// own stamps, and the per-phase report of the last five (common/timeline.cuh).
+std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_t stream) {
+  constexpr int kLaunches = 6;
+  const int ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
+  const size_t per_launch = size_t(ctas) * timeline::kMaxMarks;
+  uint64_t* stamps = device_alloc<uint64_t>(per_launch * kLaunches);
+  MLA_CUDA_CHECK(cudaMemsetAsync(stamps, 0, per_launch * kLaunches * sizeof(uint64_t), stream));
+  for (int i = 0; i < kLaunches; ++i) {
+    query::QueryArgs a;
+    a.projected = p.projected;
+    a.pitch = p.pitch;
+    a.q_a_norm = p.q_a_norm;
+    a.kv_a_norm = p.kv_a_norm;
+    a.q_b_proj = p.q_b_proj[i % p.num_sets];
+    a.w_uk_t = p.w_uk_t[i % p.num_sets];
+    a.slots = p.slots;
+    a.q_scale = 0.02f;
+    a.k_scale = 0.01f;
+    a.query = p.query;
+    a.cache = p.cache;
+    a.stride_cache_page = p.page_stride;
+    a.num_cache_pages = p.num_pages;
+    a.timeline = stamps + i * per_launch;
+    query::launch_query(plan, a, stream, true);
+  }
+  std::vector<uint64_t> host(per_launch * kLaunches);
+  MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MLA_CUDA_CHECK(cudaFree(stamps));
+  return bench::timeline_report(host, kLaunches, ctas,
+                                {"start", "issued", "waited", "normed", "projected", "partials", "cluster synced",
+                                 "summed", "absorbed", "end"});
+}
+
 float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
   const int H = p.H, rows = p.rows;
   return timing::time_graph_us(stream, [&](int i) {
@@ -153,13 +189,22 @@ float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false;
+  bool sweep = false, timeline = false;
   std::vector<int> heads = {12, 16, 64, 96, 128}, row_counts = {1, 4, 16, 64, 256};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
+    } else if (!std::strcmp(argv[i], "--timeline")) {
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+      std::fprintf(stderr, "query_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
+      return 2;
+#endif
+      timeline = true;
     } else {
-      std::printf("usage: query_bench [--sweep]\n  --sweep  also time every fused cluster size and row tile, and the GEMM path, per shape\n");
+      std::printf(
+          "usage: query_bench [--sweep] [--timeline]\n"
+          "  --sweep     also time every fused cluster size and row tile, and the GEMM path, per shape\n"
+          "  --timeline  per-CTA phase times of the fused kernel after each of its lines (an -DMLA_TIMELINE=ON build)\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -200,6 +245,7 @@ int main(int argc, char** argv) {
       }
       std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | %s |\n", H, rows, fused, gbs,
                   100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, how);
+      if (timeline && plan.path == query::QueryPath::kFused) std::printf("%s", fused_timeline(p, plan, stream).c_str());
       std::fflush(stdout);
       free_problem(p);
     }

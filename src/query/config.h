@@ -33,6 +33,22 @@ inline constexpr int kFusedPrefetch = 8;            // 32-k chunks in flight per
 inline constexpr int kPartialStride = kQkHeadDim + 4;  // fp32; rows 2t apart land 8t banks apart
 inline constexpr size_t kMaxSmemPerCta = 227 * 1024;
 
+// The fused kernel's timeline marks (MLA_TIMELINE builds): each is recorded when the phase it names
+// is complete in the CTA (thread 0's view).
+enum QueryMark : int {
+  kMarkStart,          // kernel entry
+  kMarkIssued,         // the pre-wait weight loads are issued
+  kMarkWaited,         // griddepcontrol.wait returned
+  kMarkNormed,         // the qn slice is in shared memory
+  kMarkProjected,      // the projection loop is done (every warp)
+  kMarkPartials,       // the partial tile and the cache rows are written
+  kMarkClusterSynced,  // every partial tile of the cluster is visible
+  kMarkSummed,         // q is in shared memory, W_UK_T has landed
+  kMarkAbsorbed,       // ql is staged (every warp)
+  kMarkEnd,            // the query stores are issued, peers are done: dependents are triggered next
+  kNumQueryMarks
+};
+
 struct FusedSmemPlan {
   int row_tile;  // rows per cluster (8 * n-tiles)
   int cluster;   // C: CTAs per cluster (K splits of q_b_proj, column splits of the absorption)

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "common/timeline.cuh"
 #include "query/config.h"
 #include "query/device_utils.cuh"
 #include "query/params.h"
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   const int rows_here = min(kRowTile, p.num_rows - row0);
   const int k0 = rank * kSplitLen, col0 = rank * kCols;
   const int num_features = p.num_heads * kQkHeadDim;
+  MLA_TIMELINE_MARK(p.timeline, kMarkStart);
 
   // Phase 0: weight traffic that does not depend on the producer, issued before the wait.
   {
@@ -85,8 +87,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     }
   }
 
+  MLA_TIMELINE_MARK(p.timeline, kMarkIssued);
+
   // Phase 1: the producer of `projected` is complete (and, transitively, whatever read our outputs).
   grid_dependency_wait();
+  MLA_TIMELINE_MARK(p.timeline, kMarkWaited);
 
   // RMSNorm of q_a, one warp per row; lane holds columns (j*32 + lane)*8 + [0,8), j < 6. Rows past
   // the batch get a zero slice (their partials are then zero and never stored).
@@ -127,6 +132,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     }
   }
   __syncthreads();
+  MLA_TIMELINE_MARK(p.timeline, kMarkNormed);
 
   // Phase 2: the projection over the K slice; kFusedPrefetch chunks in flight per warp.
   float acc[kNTiles][4];
@@ -157,6 +163,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     }
   }
   __syncthreads();  // every warp is done with s_qn: region A becomes the partial tile
+  MLA_TIMELINE_MARK(p.timeline, kMarkProjected);
 
   // Phase 3: partial tile [row][feature] (fp32). d0 (feature g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t),
   // d3 (g+8, 2t+1) of n-tile n.
@@ -217,8 +224,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   }
 
   // Phase 4: every partial tile of the cluster is written and visible (release/acquire).
+  MLA_TIMELINE_MARK(p.timeline, kMarkPartials);
   cluster_arrive_release();
   cluster_wait_acquire();
+  MLA_TIMELINE_MARK(p.timeline, kMarkClusterSynced);
   {
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
@@ -274,6 +283,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   }
   cp_async_wait_all();
   __syncthreads();           // s_q and s_w complete
+  MLA_TIMELINE_MARK(p.timeline, kMarkSummed);
   cluster_arrive_release();  // this CTA has read its peers' partials; matched by the wait at the end
 
   // Phase 5: ql = q_nope . W_UK_T[h][:, col0 : col0 + kCols] over (16-column m-tile, 8-row n-tile)
@@ -298,6 +308,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     }
   }
   __syncthreads();
+  MLA_TIMELINE_MARK(p.timeline, kMarkAbsorbed);
   {
     constexpr int kVecsPerRow = kCols / 16;
     for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kFusedThreads) {
@@ -310,6 +321,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   // Phase 6: no peer reads this CTA's shared memory any more (it may exit), and every store of this
   // CTA is issued: let the dependents launch.
   cluster_wait_acquire();
+  MLA_TIMELINE_MARK(p.timeline, kMarkEnd);
   trigger_dependents();
 }
 

@@ -255,6 +255,12 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.stride_cache_page = args.stride_cache_page;
   p.num_cache_pages = args.num_cache_pages;
   p.workspace = plan.workspace_bytes > 0 ? static_cast<float*>(args.workspace) : nullptr;
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+  if (args.timeline) throw_bad_argument("timeline", "null (this build has no timeline: -DMLA_TIMELINE=ON)", "a pointer");
+#endif
+  if (args.timeline && plan.path == QueryPath::kGemm)
+    throw_bad_argument("timeline", "null for the GEMM path (only the fused kernel records one)", "a pointer");
+  p.timeline = args.timeline;
 
   if (plan.path == QueryPath::kGemm) {
     launch_gemm(plan, p, args, stream, pdl);

@@ -33,6 +33,9 @@ struct QueryParams {
 
   // ---- Tests only ----
   float* workspace = nullptr;                // [num_rows, H*192] fp32 q before its bf16 rounding, or null
+
+  // ---- Profiling only (MLA_TIMELINE builds; common/timeline.cuh) ----
+  uint64_t* timeline = nullptr;              // [grid CTAs, timeline::kMaxMarks] %globaltimer stamps, or null
 };
 
 }  // namespace mla::query
