@@ -5,12 +5,13 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...]
-//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...]
+//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
 // each --shape (e.g. 128x4096x16x1, a trailing v for varlen) replaces the shape list: one shape to
-// profile (ncu --launch-skip then counts launches of that shape only).
+// profile (ncu --launch-skip then counts launches of that shape only). --stock also times the stock
+// composition of bench/core_bench_stock.cuh on the same inputs and checks its LSE against ours.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "common/cublas_check.h"
 #include "common/cuda_check.h"
+#include "core_bench_stock.cuh"
 #include "device_timing.h"
 #include "core/launch.h"
 #include "mla/dims.h"
@@ -72,9 +75,51 @@ constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::c
 struct Result {
   double us, gbs, pct, tflops;
   int splits, stages, ctas_per_sm, kernel, tile_rows;
+  double stock_us = 0;         // with --stock
+  double stock_lse_diff = 0;   // max |LSE(stock) - LSE(ours)| over the rows (set 0 of the page sets)
+  double stock_latent_err = 0; // max over (row, head) of |latent(stock) - latent(ours)|_2 / |latent(ours)|_2
 };
 
-Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs) {
+// The largest relative L2 difference of two device bf16 latents [rows * heads, 512].
+double max_latent_err(const void* a, const void* b, int64_t row_heads) {
+  const int64_t n = row_heads * mla::kKvLoraRank;
+  std::vector<uint16_t> ha(n), hb(n);
+  MLA_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  MLA_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  auto f = [](uint16_t x) {
+    const uint32_t bits = uint32_t{x} << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return double(v);
+  };
+  double worst = 0;
+  for (int64_t r = 0; r < row_heads; ++r) {
+    double diff = 0, ref = 0;
+    for (int d = 0; d < mla::kKvLoraRank; ++d) {
+      const double x = f(ha[r * mla::kKvLoraRank + d]), y = f(hb[r * mla::kKvLoraRank + d]);
+      diff += (x - y) * (x - y);
+      ref += y * y;
+    }
+    worst = std::max(worst, ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff));
+  }
+  return worst;
+}
+
+// The largest |a - b| over two device LSE arrays (equal infinities count as 0, a lone one as inf).
+double max_lse_diff(const float* a, const float* b, int64_t n) {
+  std::vector<float> ha(n), hb(n);
+  MLA_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
+  MLA_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ha[i] == hb[i]) continue;
+    const double d = std::fabs(double(ha[i]) - double(hb[i]));
+    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+  }
+  return worst;
+}
+
+Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -120,7 +165,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
 
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double us = mla::timing::time_graph_us(stream, [&](int i) {
+  auto core_args = [&](int i) {
     mla::core::CoreArgs args;
     args.query = query;
     args.cache = cache;
@@ -134,8 +179,10 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
     args.latent = latent;
     args.lse = lse;
     args.workspace = workspace;
-    mla::core::launch_core(plan, args, stream);
-  }, /*launches=*/20, /*replays=*/10);
+    return args;
+  };
+  const double us = mla::timing::time_graph_us(stream, [&](int i) { mla::core::launch_core(plan, core_args(i), stream); },
+                                               /*launches=*/20, /*replays=*/10);
   const double kv_bytes = total_tokens * mla::kKeyDim;
   const double flops = 2.0 * (mla::kKeyDim + mla::kKvLoraRank) * total_tokens * s.q * s.heads;
   Result r;
@@ -148,6 +195,19 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   r.ctas_per_sm = plan.ctas_per_sm;
   r.kernel = plan.kernel;
   r.tile_rows = plan.tile_rows;
+  if (stock != nullptr) {
+    MLA_CUBLAS_CHECK(cublasSetStream(stock, stream));
+    mla::bench::StockCore composition(s.batch, s.q, s.heads, max_length, pages_per_request, page_bytes);
+    auto run_stock = [&](int i) {
+      composition.run(stock, stream, cache, tables + (i % num_sets) * pages_per_set, lengths, query, 0.0721688f);
+    };
+    r.stock_us = mla::timing::time_graph_us(stream, run_stock, /*launches=*/20, /*replays=*/10);
+    mla::core::launch_core(plan, core_args(0), stream);
+    run_stock(0);
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    r.stock_lse_diff = max_lse_diff(composition.lse, lse, rows * s.heads);
+    r.stock_latent_err = max_latent_err(composition.latent, latent, rows * s.heads);
+  }
 
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   MLA_CUDA_CHECK(cudaFree(cache));
@@ -166,7 +226,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<Variant> variants;
   std::vector<int> split_counts;
-  bool small_batch = false;
+  bool small_batch = false, with_stock = false;
   std::vector<Shape> chosen_shapes;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
@@ -183,6 +243,8 @@ int main(int argc, char** argv) {
       }
     } else if (!std::strcmp(argv[i], "--small-batch")) {
       small_batch = known = true;
+    } else if (!std::strcmp(argv[i], "--stock")) {
+      with_stock = known = true;
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
@@ -199,7 +261,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...] [--small-batch] [--splits N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]\n",
                    argv[i]);
       return 2;
     }
@@ -210,6 +272,14 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double copy_gbs = mla::timing::measure_copy_gbs(nullptr);
+    cublasHandle_t stock = nullptr;
+    void* stock_workspace = nullptr;
+    if (with_stock) {
+      constexpr size_t kStockWorkspaceBytes = size_t{32} << 20;  // set explicitly: cuBLAS inside graph capture
+      MLA_CUBLAS_CHECK(cublasCreate(&stock));
+      MLA_CUDA_CHECK(cudaMalloc(&stock_workspace, kStockWorkspaceBytes));
+      MLA_CUBLAS_CHECK(cublasSetWorkspace(stock, stock_workspace, kStockWorkspaceBytes));
+    }
     const std::vector<Shape> small_shapes = {{1, 4096, 12, 1},  {4, 4096, 12, 1},  {16, 4096, 12, 1},
                                              {1, 32768, 12, 1}, {4, 32768, 12, 1}, {16, 32768, 12, 1},
                                              {1, 4096, 96, 1},  {4, 4096, 96, 1},  {16, 4096, 96, 1},
@@ -225,21 +295,36 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
                   prop.name, prop.multiProcessorCount, copy_gbs);
     table += line;
-    table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |\n";
-    table += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |";
+    table += with_stock ? " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |\n" : "\n";
+    table += with_stock ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r = bench_shape(s, variant, num_splits, copy_gbs);
-          std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |\n",
+          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock);
+          std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
                         r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : "wgmma", r.tile_rows, r.stages,
                         r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
-          table += line;
-          std::fputs(line, stdout);
+          std::string row = line;
+          if (with_stock) {
+            // The stock LSE must agree with ours (fp32 vs bf16 operands: ~1e-3): a broken stock path
+            // cannot pass for a slow one.
+            const bool agree = r.stock_lse_diff <= 2e-2 && r.stock_latent_err <= 2e-2;
+            std::snprintf(line, sizeof line, " %.1f | %.2fx | %.1e, %.1e%s |", r.stock_us, r.stock_us / r.us,
+                          r.stock_lse_diff, r.stock_latent_err, agree ? "" : " MISMATCH");
+            row += line;
+          }
+          row += "\n";
+          table += row;
+          std::fputs(row.c_str(), stdout);
           std::fflush(stdout);
         }
       }
+    }
+    if (stock != nullptr) {
+      MLA_CUBLAS_CHECK(cublasDestroy(stock));
+      MLA_CUDA_CHECK(cudaFree(stock_workspace));
     }
     std::printf("\n%s", table.c_str());
     if (out_path) {
