@@ -110,22 +110,28 @@ void free_problem(Problem& p) {
     MLA_CUDA_CHECK(cudaFree(x));
 }
 
+// The arguments of launch i: weight set i % num_sets, so a graph's launches stream distinct weights.
+query::QueryArgs query_args(const Problem& p, int i) {
+  query::QueryArgs a;
+  a.projected = p.projected;
+  a.pitch = p.pitch;
+  a.q_a_norm = p.q_a_norm;
+  a.kv_a_norm = p.kv_a_norm;
+  a.q_b_proj = p.q_b_proj[i % p.num_sets];
+  a.w_uk_t = p.w_uk_t[i % p.num_sets];
+  a.slots = p.slots;
+  a.q_scale = 0.02f;
+  a.k_scale = 0.01f;
+  a.query = p.query;
+  a.cache = p.cache;
+  a.stride_cache_page = p.page_stride;
+  a.num_cache_pages = p.num_pages;
+  return a;
+}
+
 float time_query(Problem& p, const query::QueryPlan& plan, void* workspace, cublasHandle_t cublas, cudaStream_t stream) {
   return timing::time_graph_us(stream, [&](int i) {
-    query::QueryArgs a;
-    a.projected = p.projected;
-    a.pitch = p.pitch;
-    a.q_a_norm = p.q_a_norm;
-    a.kv_a_norm = p.kv_a_norm;
-    a.q_b_proj = p.q_b_proj[i % p.num_sets];
-    a.w_uk_t = p.w_uk_t[i % p.num_sets];
-    a.slots = p.slots;
-    a.q_scale = 0.02f;
-    a.k_scale = 0.01f;
-    a.query = p.query;
-    a.cache = p.cache;
-    a.stride_cache_page = p.page_stride;
-    a.num_cache_pages = p.num_pages;
+    query::QueryArgs a = query_args(p, i);
     a.workspace = workspace;
     a.cublas = cublas;
     query::launch_query(plan, a, stream, true);
@@ -141,20 +147,7 @@ std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_
   uint64_t* stamps = device_alloc<uint64_t>(per_launch * kLaunches);
   MLA_CUDA_CHECK(cudaMemsetAsync(stamps, 0, per_launch * kLaunches * sizeof(uint64_t), stream));
   for (int i = 0; i < kLaunches; ++i) {
-    query::QueryArgs a;
-    a.projected = p.projected;
-    a.pitch = p.pitch;
-    a.q_a_norm = p.q_a_norm;
-    a.kv_a_norm = p.kv_a_norm;
-    a.q_b_proj = p.q_b_proj[i % p.num_sets];
-    a.w_uk_t = p.w_uk_t[i % p.num_sets];
-    a.slots = p.slots;
-    a.q_scale = 0.02f;
-    a.k_scale = 0.01f;
-    a.query = p.query;
-    a.cache = p.cache;
-    a.stride_cache_page = p.page_stride;
-    a.num_cache_pages = p.num_pages;
+    query::QueryArgs a = query_args(p, i);
     a.timeline = stamps + i * per_launch;
     query::launch_query(plan, a, stream, true);
   }
