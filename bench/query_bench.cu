@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "common/cuda_check.h"
 #include "device_timing.h"
 #include "mla/dims.h"
+#include "query/config.h"
 #include "query/launch.h"
 #include "query_bench_stock.cuh"
 #include "timeline_report.h"
@@ -155,9 +157,10 @@ std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_
   MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
   MLA_CUDA_CHECK(cudaFree(stamps));
-  return bench::timeline_report(host, kLaunches, ctas,
-                                {"start", "issued", "waited", "normed", "projected", "partials", "cluster synced",
-                                 "summed", "absorbed", "end"});
+  constexpr const char* kNames[] = {"start",    "issued",         "waited", "normed",   "projected",
+                                     "partials", "cluster synced", "summed", "absorbed", "end"};
+  static_assert(std::size(kNames) == query::kNumQueryMarks, "one name per query::QueryMark");
+  return bench::timeline_report(host, kLaunches, ctas, std::vector<std::string>(std::begin(kNames), std::end(kNames)));
 }
 
 float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/timeline.h"
 #include "mla/dims.h"
 
 namespace mla::query {
@@ -48,6 +49,7 @@ enum QueryMark : int {
   kMarkEnd,            // the query stores are issued, peers are done: dependents are triggered next
   kNumQueryMarks
 };
+static_assert(kNumQueryMarks <= timeline::kMaxMarks, "the timeline holds timeline::kMaxMarks marks a CTA");
 
 struct FusedSmemPlan {
   int row_tile;  // rows per cluster (8 * n-tiles)
