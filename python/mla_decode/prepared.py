@@ -329,8 +329,8 @@ class PreparedMla:
     def prepare_cache(self, kv: torch.Tensor) -> None:
         """Plans every shape for this KV cache, allocates the stage buffers and warms each shape once.
 
-        ``kv`` is ``[num_pages, 64, 576]`` float8_e4m3fn or uint8 on the object's device (a page stride
-        larger than 64*576 is accepted). Call once before the first ``run`` and outside CUDA graph
+        ``kv`` is ``[num_pages, 64, 576]`` float8_e4m3fn or uint8 on the object's device, 16-byte aligned
+        (a page stride larger than 64*576 is accepted when it is a multiple of 16 bytes). Call once before the first ``run`` and outside CUDA graph
         capture: it allocates and synchronizes the device. Writes nothing into ``kv``.
         """
         self._prepared.prepare(kv)

@@ -414,15 +414,7 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
 void PreparedMla::prepare(const TensorView& cache) {
   State& state = *state_;
   const int device = state.device_index;
-  if (cache.memory != Memory::kDevice || cache.device_index != device) {
-    throw_bad_argument("cache", "memory on cuda:" + std::to_string(device), cache.describe());
-  }
-  if (cache.rank != 3 || cache.shape[1] != kPageSize || cache.shape[2] != kKeyDim || cache.stride[2] != 1 ||
-      cache.stride[1] != kKeyDim || cache.stride[0] < int64_t{kPageSize} * kKeyDim || cache.shape[0] < 1 ||
-      (cache.dtype != DType::kFP8E4M3 && cache.dtype != DType::kU8)) {
-    throw_bad_argument("cache", "fp8_e4m3 or u8 [num_pages >= 1, 64, 576], token stride 576, page stride >= 36864",
-                       cache.describe());
-  }
+  detail::validate_cache(cache, Memory::kDevice, device);
   require_current_device(device, "prepare");
   const int heads = state.dims.num_heads;
   const DcpGroup* group = state.options.dcp;

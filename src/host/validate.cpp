@@ -202,6 +202,19 @@ void validate_query_scratch(const TensorView& scratch, int64_t rows, int heads, 
   }
 }
 
+void validate_cache(const TensorView& cache, Memory memory, int device_index) {
+  require_present("cache", cache);
+  require_memory("cache", cache, memory, device_index);
+  require_fp8("cache", cache);
+  require_shape("cache", cache, {-1, kPageSize, kKeyDim});
+  if (cache.shape[0] < 1 || cache.stride[2] != 1 || cache.stride[1] != kKeyDim ||
+      cache.stride[0] < int64_t{kPageSize} * kKeyDim || cache.stride[0] % 16 != 0) {
+    throw_bad_argument("cache", "at least one page, token stride 576 and page stride >= 36864, a multiple of 16",
+                       cache.describe());
+  }
+  require_16_byte_aligned("cache", cache);  // pages move by 16-byte and bulk copies
+}
+
 void validate_step(const StepInputs& step, const StepContract& contract) {
   const Memory memory = contract.memory;
   const int device = contract.device_index;
@@ -249,16 +262,7 @@ void validate_step(const StepInputs& step, const StepContract& contract) {
   require_tensor("out", step.out, DType::kBF16, {rows, int64_t{heads} * kVHeadDim}, memory, device);
   require_16_byte_aligned("out", step.out);
 
-  require_present("cache", step.cache);
-  require_memory("cache", step.cache, memory, device);
-  require_fp8("cache", step.cache);
-  require_shape("cache", step.cache, {-1, kPageSize, kKeyDim});
-  if (step.cache.shape[0] < 1 || step.cache.stride[2] != 1 || step.cache.stride[1] != kKeyDim ||
-      step.cache.stride[0] < int64_t{kPageSize} * kKeyDim || step.cache.stride[0] % 16 != 0) {
-    throw_bad_argument("cache", "at least one page, token stride 576 and page stride >= 36864, a multiple of 16",
-                       step.cache.describe());
-  }
-  require_16_byte_aligned("cache", step.cache);  // pages move by 16-byte and bulk copies
+  validate_cache(step.cache, memory, device);
 
   require_tensor("slots", step.slots, DType::kI64, {rows}, memory, device);
 

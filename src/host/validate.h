@@ -31,7 +31,11 @@ void validate_dims(const LayerDims& dims);
 // Shapes, dtypes, strides, q, and (with check_values) the metadata values of one step.
 void validate_step(const StepInputs& step, const StepContract& contract);
 
-// query scratch [>= rows, heads, 576] FP8 or u8, contiguous.
+// The paged cache [num_pages >= 1, 64, 576] FP8 or u8: token stride 576, page stride >= 64 * 576 and
+// a multiple of 16, a 16-byte aligned base.
+void validate_cache(const TensorView& cache, Memory memory, int device_index);
+
+// query scratch [>= rows, heads, 576] FP8 or u8, contiguous, 16-byte aligned.
 void validate_query_scratch(const TensorView& scratch, int64_t rows, int heads, Memory memory,
                             int device_index);
 

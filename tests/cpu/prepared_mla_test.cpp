@@ -103,6 +103,27 @@ TEST(PreparedMla, RejectsHostWeightsAndSmallScratch) {
             std::string::npos);
 }
 
+// prepare() checks the cache like run() does (validate_cache) before any CUDA call.
+TEST(PreparedMla, PrepareRejectsABadCache) {
+  FakeDeviceLayer layer;
+  PreparedMla mla(layer.weights, kDims, {{4, kWidth}}, layer.query_scratch);
+  std::vector<uint8_t> bytes(64);  // never dereferenced
+  auto cache = [&](int64_t page_stride, int64_t offset = 0) {
+    return make_strided_view(bytes.data() + offset, DType::kFP8E4M3, Memory::kDevice, {4, kPageSize, kKeyDim},
+                             {page_stride, kKeyDim, 1});
+  };
+  const int64_t dense = int64_t{kPageSize} * kKeyDim;
+  EXPECT_NE(error_of([&] { mla.prepare(cache(dense + 8)); }).find("a multiple of 16"), std::string::npos);
+  EXPECT_NE(error_of([&] { mla.prepare(cache(dense, 8)); }).find("cache: expected a 16-byte aligned"),
+            std::string::npos);
+  TensorView host = cache(dense);
+  host.memory = Memory::kHost;
+  EXPECT_NE(error_of([&] { mla.prepare(host); }).find("cache: expected memory on cuda:0, got host"), std::string::npos);
+  TensorView bf16 = cache(dense);
+  bf16.dtype = DType::kBF16;
+  EXPECT_NE(error_of([&] { mla.prepare(bf16); }).find("cache"), std::string::npos);
+}
+
 TEST(PreparedMla, CoreKindNames) {
   EXPECT_EQ(parse_core_kind("auto"), CoreKind::kAuto);
   EXPECT_STREQ(core_kind_name(CoreKind::kAuto), "auto");
