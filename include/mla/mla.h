@@ -140,6 +140,11 @@ class PreparedMla {
   void check_step(const StepInputs& step) const;
 
   const LayerDims& dims() const;
+  // Device memory this object holds: 0 before prepare(); after it, the buffers sized for the largest
+  // prepared shape (the query GEMM path's buffers and its 32 MiB cuBLAS workspace where a shape takes
+  // that path, the core's split-KV partials, the latent and LSE between the stages). The caller's
+  // tensors (weights, cache, query scratch) are not counted.
+  size_t device_bytes() const;
   const std::vector<PreparedShape>& shapes() const;
   const PreparedShape& shape(int64_t rows, int q) const;  // unknown (rows, q) is an Error
 

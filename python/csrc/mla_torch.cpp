@@ -271,6 +271,7 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
   }
 
   int64_t handle() const { return handle_; }
+  int64_t device_bytes() const { return static_cast<int64_t>(prepared_->device_bytes()); }
   int64_t num_heads() const { return prepared_->dims().num_heads; }
   int64_t device_index() const { return device_index_; }
 
@@ -337,6 +338,7 @@ TORCH_LIBRARY(mla_decode, m) {
       .def("check_step", &PreparedMlaHolder::check_step)
       .def("shapes", &PreparedMlaHolder::shapes)
       .def("handle", &PreparedMlaHolder::handle)
+      .def("device_bytes", &PreparedMlaHolder::device_bytes)
       .def("num_heads", &PreparedMlaHolder::num_heads)
       .def("device_index", &PreparedMlaHolder::device_index);
   // `out` and `cache` are written (the alias annotations tell torch.compile and functionalization).

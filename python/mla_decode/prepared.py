@@ -326,6 +326,12 @@ class PreparedMla:
         """The prepared (rows, q, pitch, num_splits), sorted by (rows, q)."""
         return tuple(PreparedShape(*shape) for shape in self._prepared.shapes())
 
+    @property
+    def device_bytes(self) -> int:
+        """Device memory the object holds (0 before ``prepare_cache``): its stage buffers and workspaces,
+        sized for the largest prepared shape; the caller's tensors are not counted."""
+        return int(self._prepared.device_bytes())
+
     def prepare_cache(self, kv: torch.Tensor) -> None:
         """Plans every shape for this KV cache, allocates the stage buffers and warms each shape once.
 

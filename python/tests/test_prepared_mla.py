@@ -90,9 +90,12 @@ def _scratch(rows, heads):
 
 
 def _prepared(attention, step, queries=None, **options):
-    mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, attention.W_UK_T.shape[0]),
+    heads = attention.W_UK_T.shape[0]
+    mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, heads),
                                  queries=queries or (step.q,), **options)
+    assert mla.device_bytes == 0
     mla.prepare_cache(step.cache)
+    assert mla.device_bytes >= step.rows * heads * (ref.KV_LORA_RANK * 2 + 4), mla.device_bytes  # latent + LSE
     return mla
 
 

@@ -49,6 +49,7 @@ class DeviceMemory {
     return *this;
   }
   void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   void* ptr_ = nullptr;
@@ -192,6 +193,10 @@ PreparedMla::PreparedMla(const Weights& weights, const LayerDims& dims, const st
 PreparedMla::~PreparedMla() = default;
 
 const LayerDims& PreparedMla::dims() const { return state_->dims; }
+size_t PreparedMla::device_bytes() const {
+  const State& s = *state_;
+  return s.query_workspace.bytes() + s.core_workspace.bytes() + s.latent.bytes() + s.lse.bytes();
+}
 const std::vector<PreparedShape>& PreparedMla::shapes() const { return state_->shapes; }
 
 const PreparedShape& PreparedMla::shape(int64_t rows, int q) const {

@@ -50,6 +50,12 @@ TEST(PreparedMla, PlansEveryShapeOfPitchesAndQueries) {
   EXPECT_EQ(mla.shape(64, 4).pitch, 4096);
 }
 
+TEST(PreparedMla, HoldsNoDeviceMemoryBeforePrepare) {
+  FakeDeviceLayer layer;
+  PreparedMla mla(layer.weights, kDims, {{1, kWidth}, {64, kWidth}}, layer.query_scratch);
+  EXPECT_EQ(mla.device_bytes(), 0u);
+}
+
 TEST(PreparedMla, UnknownShapeNamesThePreparedOnes) {
   FakeDeviceLayer layer;
   PreparedMla mla(layer.weights, kDims, {{4, kWidth}}, layer.query_scratch, {.queries = {1, 2}});

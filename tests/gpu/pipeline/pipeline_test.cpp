@@ -117,7 +117,10 @@ void run_case(const PipelineCase& c, uint64_t seed) {
                   make_view(scratch.get(), DType::kFP8E4M3, Memory::kDevice, {step.rows, c.heads, kKeyDim}),
                   {.max_context = 1 << 17, .queries = {c.q}});
   StepInputs inputs = device_step.inputs(step);
+  EXPECT_EQ(mla.device_bytes(), 0u);
   mla.prepare(inputs.cache);
+  // At least the stage buffers: the latent [rows, H, 512] bf16 and the LSE [rows, H] fp32.
+  EXPECT_GE(mla.device_bytes(), size_t(step.rows) * c.heads * (kKvLoraRank * 2 + sizeof(float)));
   device_step.upload(step);  // prepare's warm-up must not have touched anything, but start clean anyway
   mla.check_step(inputs);
   mla.run(inputs, nullptr);
