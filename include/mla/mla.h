@@ -109,8 +109,20 @@ class PreparedMla {
   PreparedMla(const PreparedMla&) = delete;
   PreparedMla& operator=(const PreparedMla&) = delete;
 
+  // Bytes of device memory the stage buffers take, sized for the largest prepared shape: the query
+  // GEMM path's buffers with its 32 MiB cuBLAS workspace where a shape takes that path, the core's
+  // split-KV partials, and without DCP the latent and LSE between the stages. Plans every shape (device
+  // queries, no allocation) on the current device, which must be the object's.
+  size_t workspace_bytes() const;
+
   // Instantiate every shape's kernels for this cache, set shared-memory limits, warm each shape once.
-  void prepare(const TensorView& cache);
+  // Without `workspace` the object allocates its stage buffers (workspace_bytes()); with it they live
+  // there: u8 [>= workspace_bytes()] device memory of the object's device, 256-byte aligned, that
+  // outlives the object. Objects whose steps never overlap in time (the layers of one model, run in
+  // order on one stream) can share one workspace of the largest of their sizes: a prepared object
+  // per layer then holds no stage memory of its own. prepare() runs warm-up steps in the workspace:
+  // call it while no object sharing it runs (typically: prepare every layer, then run or capture).
+  void prepare(const TensorView& cache, const TensorView& workspace = {});
 
   // Validate `step`, then only launch the PDL-chained kernels on `stream`: no allocation, no
   // synchronization, capturable in a CUDA graph. Writes step.out and this step's cache slots.
@@ -140,10 +152,8 @@ class PreparedMla {
   void check_step(const StepInputs& step) const;
 
   const LayerDims& dims() const;
-  // Device memory this object holds: 0 before prepare(); after it, the buffers sized for the largest
-  // prepared shape (the query GEMM path's buffers and its 32 MiB cuBLAS workspace where a shape takes
-  // that path, the core's split-KV partials, the latent and LSE between the stages). The caller's
-  // tensors (weights, cache, query scratch) are not counted.
+  // Device memory this object allocated: 0 before prepare() and with a caller's workspace; otherwise
+  // workspace_bytes(). The caller's tensors (weights, cache, query scratch, workspace) are not counted.
   size_t device_bytes() const;
   const std::vector<PreparedShape>& shapes() const;
   const PreparedShape& shape(int64_t rows, int q) const;  // unknown (rows, q) is an Error

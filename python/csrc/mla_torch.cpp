@@ -231,12 +231,22 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
   ~PreparedMlaHolder() override { HandleRegistry::instance().remove(handle_); }
 
   // Outside graph capture only: allocates the stage buffers and synchronizes the device.
-  void prepare(const at::Tensor& cache) {
+  void prepare(const at::Tensor& cache, const std::optional<at::Tensor>& workspace) {
     translating_errors([&] {
       const mla::TensorView view = to_view("cache", cache);
+      const mla::TensorView workspace_view = to_optional_view("workspace", workspace);
       const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-      prepared_->prepare(view);
+      prepared_->prepare(view, workspace_view);
     });
+  }
+
+  int64_t workspace_bytes() const {
+    int64_t bytes = 0;
+    translating_errors([&] {
+      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+      bytes = static_cast<int64_t>(prepared_->workspace_bytes());
+    });
+    return bytes;
   }
 
   // Launches only, on the current CUDA stream of the object's device: capturable in a CUDA graph.
@@ -339,6 +349,7 @@ TORCH_LIBRARY(mla_decode, m) {
       .def("shapes", &PreparedMlaHolder::shapes)
       .def("handle", &PreparedMlaHolder::handle)
       .def("device_bytes", &PreparedMlaHolder::device_bytes)
+      .def("workspace_bytes", &PreparedMlaHolder::workspace_bytes)
       .def("num_heads", &PreparedMlaHolder::num_heads)
       .def("device_index", &PreparedMlaHolder::device_index);
   // `out` and `cache` are written (the alias annotations tell torch.compile and functionalization).

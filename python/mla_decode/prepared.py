@@ -328,18 +328,28 @@ class PreparedMla:
 
     @property
     def device_bytes(self) -> int:
-        """Device memory the object holds (0 before ``prepare_cache``): its stage buffers and workspaces,
-        sized for the largest prepared shape; the caller's tensors are not counted."""
+        """Device memory the object allocated: 0 before ``prepare_cache`` and with a caller's workspace,
+        else ``workspace_bytes()``. The caller's tensors are not counted."""
         return int(self._prepared.device_bytes())
 
-    def prepare_cache(self, kv: torch.Tensor) -> None:
-        """Plans every shape for this KV cache, allocates the stage buffers and warms each shape once.
+    def workspace_bytes(self) -> int:
+        """Bytes of the stage buffers (sized for the largest prepared shape): what ``prepare_cache`` needs
+        in a caller's ``workspace``. Plans every shape on the object's device; allocates nothing."""
+        return int(self._prepared.workspace_bytes())
+
+    def prepare_cache(self, kv: torch.Tensor, workspace: Optional[torch.Tensor] = None) -> None:
+        """Plans every shape for this KV cache, sets up the stage buffers and warms each shape once.
 
         ``kv`` is ``[num_pages, 64, 576]`` float8_e4m3fn or uint8 on the object's device, 16-byte aligned
-        (a page stride larger than 64*576 is accepted when it is a multiple of 16 bytes). Call once before the first ``run`` and outside CUDA graph
-        capture: it allocates and synchronizes the device. Writes nothing into ``kv``.
+        (a page stride larger than 64*576 is accepted when it is a multiple of 16 bytes). Without
+        ``workspace`` the object allocates its stage buffers; with it (uint8 ``[>= workspace_bytes()]`` on
+        the object's device, 256-byte aligned, outliving the object) they live there, so the layers of
+        one model, which never run at the same time, can share one workspace of the largest of their
+        ``workspace_bytes()``; prepare them while none of them runs. Call before the first ``run`` and
+        outside CUDA graph capture: it may allocate and it synchronizes the device. Writes nothing into
+        ``kv``.
         """
-        self._prepared.prepare(kv)
+        self._prepared.prepare(kv, workspace)
 
     def run(self, projected: torch.Tensor, out: torch.Tensor, *, cache: torch.Tensor, slots: torch.Tensor,
             block_table: torch.Tensor, lengths: torch.Tensor, totals: Optional[torch.Tensor] = None,

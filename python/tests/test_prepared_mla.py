@@ -153,6 +153,27 @@ def test_long_context_uses_splits_and_matches_reference():
     _run_and_check(mla, step)
 
 
+def test_layers_share_one_workspace():
+    # Two layers, one 4-row and one 128-row shape (the query's GEMM path: its cuBLAS workspace then lives
+    # in the shared buffer), prepared on one workspace and run in turn.
+    layers = []
+    for seed, lengths in ((500, [100, 3000, 64, 1]), (510, [1 + (37 * i) % 200 for i in range(128)])):
+        attention = harness.SyntheticAttention(12, seed=seed)
+        step = Step(mla_decode.read_layer(attention), 1, lengths, seed=seed + 1)
+        mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, 12), queries=(1,))
+        layers.append((mla, step))
+    size = max(mla.workspace_bytes() for mla, _ in layers)
+    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"workspace: expected at least"):
+        layers[1][0].prepare_cache(layers[1][1].cache, workspace=workspace[:layers[1][0].workspace_bytes() - 256])
+    for mla, step in layers:
+        mla.prepare_cache(step.cache, workspace=workspace)
+        assert mla.device_bytes == 0
+    for mla, step in (layers[0], layers[1], layers[0]):
+        step.out.fill_(float("nan"))
+        _run_and_check(mla, step)
+
+
 @pytest.mark.parametrize("use_pad_requests", [False, True])
 def test_padded_batch(use_pad_requests):
     attention = harness.SyntheticAttention(12, seed=400)

@@ -97,15 +97,71 @@ struct PreparedMla::State {
   int device_index = 0;
   std::vector<PreparedShape> shapes;  // sorted by (rows, q)
 
+  // ---- Fixed by plan() (the first workspace_bytes() or prepare()) ----
+  bool planned = false;
+  std::vector<ShapeKernels> kernels;  // parallel to `shapes`
+  bool query_gemm = false;            // a shape takes the query GEMM path (it needs the cuBLAS handle)
+  int64_t max_rows = 0, max_pitch = 0;
+  // The stage buffers, sized for the largest shape, at 256-byte aligned offsets of one workspace:
+  // the query GEMM path's buffers + cuBLAS workspace, the split-KV partials, and (without DCP; under
+  // DCP the group's buffers hold them) the latent [max rows, H, 512] bf16 and LSE [max rows, H] fp32.
+  size_t query_bytes = 0, core_bytes = 0, latent_bytes = 0, lse_bytes = 0;
+  size_t query_offset = 0, core_offset = 0, latent_offset = 0, lse_offset = 0, workspace_bytes = 0;
+
   // ---- Fixed by prepare() ----
   bool prepared = false;
-  std::vector<ShapeKernels> kernels;  // parallel to `shapes`
-  DeviceMemory query_workspace;       // the query GEMM path's buffers + cuBLAS workspace (largest shape)
-  CublasHandle cublas;                // the query GEMM path's handle (only if a shape takes that path)
-  DeviceMemory core_workspace;        // split-KV partials (largest shape)
-  DeviceMemory latent;                // [max rows, H_core, 512] bf16
-  DeviceMemory lse;                   // [max rows, H_core] fp32
+  CublasHandle cublas;          // the query GEMM path's handle (only if a shape takes that path)
+  DeviceMemory own_workspace;   // when prepare() got no caller workspace
+  uint8_t* workspace = nullptr; // own_workspace or the caller's
+  // Each buffer, or null where it has no bytes (like an empty allocation).
+  void* query_workspace() const { return query_bytes > 0 ? workspace + query_offset : nullptr; }
+  void* core_workspace() const { return core_bytes > 0 ? workspace + core_offset : nullptr; }
+  void* latent() const { return latent_bytes > 0 ? workspace + latent_offset : nullptr; }
+  float* lse() const { return lse_bytes > 0 ? reinterpret_cast<float*>(workspace + lse_offset) : nullptr; }
+
+  void plan();
 };
+
+namespace {
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+}  // namespace
+
+// Grids, split counts, shared-memory limits and buffer sizes of every shape: device queries only.
+void PreparedMla::State::plan() {
+  if (planned) return;
+  const int heads = dims.num_heads;
+  const DcpGroup* group = options.dcp;
+  const int core_heads = group != nullptr ? group->core_heads() : heads;  // H_core
+  std::vector<ShapeKernels> planned_kernels;
+  for (PreparedShape& shape : shapes) {
+    ShapeKernels k;
+    k.query = query::make_query_plan(shape.rows, heads);
+    core::CoreShape core_shape;
+    core_shape.rows = shape.rows;
+    core_shape.heads = core_heads;
+    core_shape.q = shape.q;
+    core_shape.max_context = options.max_context;
+    k.core = core::plan_core(core_shape);
+    // Under DCP the value stage merges the D ranks' partials (the CUDA-core kernel, plan_value).
+    k.value = value::plan_value(static_cast<int>(shape.rows), heads, group != nullptr ? group->size() : 1);
+    shape.num_splits = k.core.num_splits;
+    query_bytes = std::max(query_bytes, k.query.workspace_bytes);
+    query_gemm = query_gemm || k.query.path == query::QueryPath::kGemm;
+    core_bytes = std::max(core_bytes, k.core.workspace_bytes);
+    max_rows = std::max(max_rows, shape.rows);
+    max_pitch = std::max(max_pitch, shape.pitch);
+    planned_kernels.push_back(k);
+  }
+  kernels = std::move(planned_kernels);
+  latent_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2 : 0;
+  lse_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * sizeof(float) : 0;
+  query_offset = 0;
+  core_offset = align256(query_offset + query_bytes);
+  latent_offset = align256(core_offset + core_bytes);
+  lse_offset = align256(latent_offset + latent_bytes);
+  workspace_bytes = align256(lse_offset + lse_bytes);
+  planned = true;
+}
 
 namespace {
 
@@ -193,10 +249,7 @@ PreparedMla::PreparedMla(const Weights& weights, const LayerDims& dims, const st
 PreparedMla::~PreparedMla() = default;
 
 const LayerDims& PreparedMla::dims() const { return state_->dims; }
-size_t PreparedMla::device_bytes() const {
-  const State& s = *state_;
-  return s.query_workspace.bytes() + s.core_workspace.bytes() + s.latent.bytes() + s.lse.bytes();
-}
+size_t PreparedMla::device_bytes() const { return state_->own_workspace.bytes(); }
 const std::vector<PreparedShape>& PreparedMla::shapes() const { return state_->shapes; }
 
 const PreparedShape& PreparedMla::shape(int64_t rows, int q) const {
@@ -339,18 +392,18 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
   mark(0);
   query::launch_query(kernels.query,
                       query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
-                                 state.query_workspace.get(), state.cublas.get()),
+                                 state.query_workspace(), state.cublas.get()),
                       stream, /*pdl=*/true);
   mark(1);
 
   core::launch_core(kernels.core,
-                    core_args(w, step, state.query_scratch.data, state.latent.get(),
-                              static_cast<float*>(state.lse.get()), state.core_workspace.get()),
+                    core_args(w, step, state.query_scratch.data, state.latent(), state.lse(),
+                              state.core_workspace()),
                     stream);
   mark(2);
 
   value::ValueParams value = value_params(w, shape, step, heads);
-  value.latent = static_cast<const __nv_bfloat16*>(state.latent.get());
+  value.latent = static_cast<const __nv_bfloat16*>(state.latent());
   value.stride_latent_row = int64_t{heads} * kKvLoraRank;
   value::launch_value(value, kernels.value, stream, /*pdl=*/true);
   mark(3);
@@ -376,7 +429,7 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
     case DcpPhase::kQuery: {
       query::launch_query(kernels.query,
                           query_args(w, state.dims, shape, step, peers.mailbox[rank], core_heads, rank * heads,
-                                     state.query_workspace.get(), state.cublas.get()),
+                                     state.query_workspace(), state.cublas.get()),
                           stream, /*pdl=*/false);
       if (!publish_to_peers) return;
       // Publish: this rank's heads of every row into each peer's mailbox (strided rows of H*576 bytes
@@ -394,7 +447,7 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
     }
     case DcpPhase::kCore: {
       core::CoreArgs core = core_args(w, step, peers.mailbox[rank], peers.latent[rank], peers.lse[rank],
-                                      state.core_workspace.get());
+                                      state.core_workspace());
       core.dcp = group.layout();
       core::launch_core(kernels.core, core, stream, /*pdl=*/false);
       return;
@@ -416,14 +469,20 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
   }
 }
 
-void PreparedMla::prepare(const TensorView& cache) {
+size_t PreparedMla::workspace_bytes() const {
+  require_current_device(state_->device_index, "workspace_bytes");
+  state_->plan();
+  return state_->workspace_bytes;
+}
+
+void PreparedMla::prepare(const TensorView& cache, const TensorView& workspace) {
   State& state = *state_;
   const int device = state.device_index;
   detail::validate_cache(cache, Memory::kDevice, device);
+  if (workspace.present()) detail::validate_workspace(workspace, device);
   require_current_device(device, "prepare");
   const int heads = state.dims.num_heads;
   const DcpGroup* group = state.options.dcp;
-  const int core_heads = group != nullptr ? group->core_heads() : heads;  // H_core
   for (const PreparedShape& shape : state.shapes) {
     if (shape.pitch % 8 != 0) {
       throw_bad_argument("pitches[" + std::to_string(shape.rows) + "]", "a multiple of 8 (16-byte aligned rows)",
@@ -431,41 +490,23 @@ void PreparedMla::prepare(const TensorView& cache) {
     }
   }
 
-  // ---- 1. Plans: grids, split counts, shared-memory limits, workspace sizes.
-  std::vector<ShapeKernels> kernels;
-  size_t query_workspace = 0, core_workspace = 0;
-  bool query_gemm = false;
-  int64_t max_rows = 0, max_pitch = 0;
-  for (PreparedShape& shape : state.shapes) {
-    ShapeKernels k;
-    k.query = query::make_query_plan(shape.rows, heads);
-    core::CoreShape core_shape;
-    core_shape.rows = shape.rows;
-    core_shape.heads = core_heads;
-    core_shape.q = shape.q;
-    core_shape.max_context = state.options.max_context;
-    k.core = core::plan_core(core_shape);
-    // Under DCP the value stage merges the D ranks' partials (the CUDA-core kernel, plan_value).
-    k.value = value::plan_value(static_cast<int>(shape.rows), heads, group != nullptr ? group->size() : 1);
-    shape.num_splits = k.core.num_splits;
-    query_workspace = std::max(query_workspace, k.query.workspace_bytes);
-    query_gemm = query_gemm || k.query.path == query::QueryPath::kGemm;
-    core_workspace = std::max(core_workspace, k.core.workspace_bytes);
-    max_rows = std::max(max_rows, shape.rows);
-    max_pitch = std::max(max_pitch, shape.pitch);
-    kernels.push_back(k);
-  }
+  // ---- 1. Plans: grids, split counts, shared-memory limits, buffer sizes.
+  state.plan();
+  const int64_t max_rows = state.max_rows, max_pitch = state.max_pitch;
 
-  // ---- 2. Buffers between the stages, sized for the largest shape.
-  state.kernels = std::move(kernels);
-  state.query_workspace = DeviceMemory(query_workspace);
-  if (query_gemm) state.cublas.create();
-  state.core_workspace = DeviceMemory(core_workspace);
-  // Under DCP the core writes into the group's buffers (the peers read them), so nothing here.
-  if (group == nullptr) {
-    state.latent = DeviceMemory(static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2);
-    state.lse = DeviceMemory(static_cast<size_t>(max_rows) * heads * sizeof(float));
+  // ---- 2. The stage buffers: in the caller's workspace, or allocated here.
+  if (workspace.present()) {
+    if (static_cast<size_t>(workspace.shape[0]) < state.workspace_bytes) {
+      throw_bad_argument("workspace", "at least " + std::to_string(state.workspace_bytes) + " bytes (workspace_bytes())",
+                         workspace.describe());
+    }
+    state.own_workspace = DeviceMemory();
+    state.workspace = static_cast<uint8_t*>(workspace.data);
+  } else {
+    state.own_workspace = DeviceMemory(state.workspace_bytes);
+    state.workspace = static_cast<uint8_t*>(state.own_workspace.get());
   }
+  if (state.query_gemm) state.cublas.create();
   state.prepared = true;
 
   // ---- 3. Warm every shape once on an all-padding step (no request, no cache write), so module

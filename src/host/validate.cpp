@@ -215,6 +215,18 @@ void validate_cache(const TensorView& cache, Memory memory, int device_index) {
   require_16_byte_aligned("cache", cache);  // pages move by 16-byte and bulk copies
 }
 
+void validate_workspace(const TensorView& workspace, int device_index) {
+  require_memory("workspace", workspace, Memory::kDevice, device_index);
+  require_dtype("workspace", workspace, DType::kU8);
+  require_shape("workspace", workspace, {-1});
+  require_contiguous("workspace", workspace);
+  if (reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0) {
+    std::ostringstream got;
+    got << "data pointer " << workspace.data << " (" << workspace.describe() << ")";
+    throw_bad_argument("workspace", "a 256-byte aligned data pointer (cuBLAS's workspace is in it)", got.str());
+  }
+}
+
 void validate_step(const StepInputs& step, const StepContract& contract) {
   const Memory memory = contract.memory;
   const int device = contract.device_index;

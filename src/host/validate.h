@@ -35,6 +35,10 @@ void validate_step(const StepInputs& step, const StepContract& contract);
 // a multiple of 16, a 16-byte aligned base.
 void validate_cache(const TensorView& cache, Memory memory, int device_index);
 
+// A caller's stage workspace: u8 [bytes] contiguous device memory on `device_index`, 256-byte aligned
+// (its size is checked against the plan in prepare()).
+void validate_workspace(const TensorView& workspace, int device_index);
+
 // query scratch [>= rows, heads, 576] FP8 or u8, contiguous, 16-byte aligned.
 void validate_query_scratch(const TensorView& scratch, int64_t rows, int heads, Memory memory,
                             int device_index);

@@ -130,6 +130,28 @@ TEST(PreparedMla, PrepareRejectsABadCache) {
   EXPECT_NE(error_of([&] { mla.prepare(bf16); }).find("cache"), std::string::npos);
 }
 
+// A caller's workspace is checked (before any CUDA call) for placement, dtype, rank and alignment;
+// its size against the plan needs the device (tests/gpu/pipeline).
+TEST(PreparedMla, PrepareRejectsABadWorkspace) {
+  FakeDeviceLayer layer;
+  PreparedMla mla(layer.weights, kDims, {{4, kWidth}}, layer.query_scratch);
+  std::vector<uint8_t> cache_bytes(64), bytes(4096);  // never dereferenced
+  const TensorView cache = make_view(cache_bytes.data(), DType::kFP8E4M3, Memory::kDevice, {4, kPageSize, kKeyDim});
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 255) / 256 * 256);
+  auto workspace = [&](uint8_t* data) { return make_view(data, DType::kU8, Memory::kDevice, {1024}); };
+  TensorView host = workspace(aligned);
+  host.memory = Memory::kHost;
+  EXPECT_NE(error_of([&] { mla.prepare(cache, host); }).find("workspace: expected memory on cuda:0, got host"),
+            std::string::npos);
+  TensorView bf16 = workspace(aligned);
+  bf16.dtype = DType::kBF16;
+  EXPECT_NE(error_of([&] { mla.prepare(cache, bf16); }).find("workspace: expected dtype u8"), std::string::npos);
+  const TensorView two_d = make_view(aligned, DType::kU8, Memory::kDevice, {2, 512});
+  EXPECT_NE(error_of([&] { mla.prepare(cache, two_d); }).find("workspace"), std::string::npos);
+  EXPECT_NE(error_of([&] { mla.prepare(cache, workspace(aligned + 16)); }).find("workspace: expected a 256-byte aligned"),
+            std::string::npos);
+}
+
 TEST(PreparedMla, CoreKindNames) {
   EXPECT_EQ(parse_core_kind("auto"), CoreKind::kAuto);
   EXPECT_STREQ(core_kind_name(CoreKind::kAuto), "auto");

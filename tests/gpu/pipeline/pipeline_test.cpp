@@ -4,8 +4,11 @@
 // and CUDA-graph replays with changing lengths, block tables and slots.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu_compare.h"
@@ -198,6 +201,64 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
   MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   MLA_CUDA_CHECK(cudaGraphDestroy(graph));
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Two layers (a 4-row fused-query shape and a 128-row GEMM-path shape, whose cuBLAS workspace then
+// lives in the shared buffer) prepared on one caller workspace and run in turn: each stays exact,
+// neither holds device memory of its own, and a workspace below workspace_bytes() is rejected.
+TEST(Pipeline, LayersShareOneWorkspace) {
+  MLA_REQUIRE_GPU();
+  const int heads = 12;
+  struct Layer {
+    synth::SyntheticLayer layer;
+    synth::SyntheticStep step;
+    std::unique_ptr<test::DeviceWeights> weights;
+    std::unique_ptr<DeviceStep> device_step;
+    std::unique_ptr<DeviceBuffer<uint8_t>> scratch;
+    std::unique_ptr<PreparedMla> mla;
+  };
+  auto make = [&](uint64_t seed, std::vector<int> lengths) {
+    Layer l;
+    l.layer = synth::make_layer(heads, seed);
+    synth::StepSpec spec;
+    spec.lengths = std::move(lengths);
+    spec.seed = seed;
+    l.step = synth::make_step(l.layer, spec);
+    l.weights = std::make_unique<test::DeviceWeights>(l.layer.weights());
+    l.device_step = std::make_unique<DeviceStep>(l.step);
+    l.scratch = std::make_unique<DeviceBuffer<uint8_t>>(l.step.rows * heads * kKeyDim);
+    l.mla = std::make_unique<PreparedMla>(
+        l.weights->weights, l.layer.dims, std::map<int64_t, int64_t>{{l.step.rows, l.step.pitch}},
+        make_view(l.scratch->get(), DType::kFP8E4M3, Memory::kDevice, {l.step.rows, heads, kKeyDim}));
+    return l;
+  };
+  Layer a = make(910, {100, 3000, 64, 1});
+  Layer b = make(911, synth::random_lengths(128, 1, 200, 912));
+  const size_t bytes = std::max(a.mla->workspace_bytes(), b.mla->workspace_bytes());
+  std::printf("    workspace_bytes: 4 rows %zu, 128 rows %zu\n", a.mla->workspace_bytes(), b.mla->workspace_bytes());
+  DeviceBuffer<uint8_t> workspace(bytes);
+  const TensorView shared = make_view(workspace.get(), DType::kU8, Memory::kDevice, {int64_t(bytes)});
+  const TensorView small =
+      make_view(workspace.get(), DType::kU8, Memory::kDevice, {int64_t(b.mla->workspace_bytes()) - 256});
+  StepInputs b_inputs = b.device_step->inputs(b.step);
+  try {
+    b.mla->prepare(b_inputs.cache, small);
+    ADD_FAILURE() << "a workspace below workspace_bytes() was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace: expected at least"), std::string::npos) << e.what();
+  }
+  for (Layer* l : {&a, &b}) {
+    l->mla->prepare(l->device_step->inputs(l->step).cache, shared);
+    EXPECT_EQ(l->mla->device_bytes(), 0u);
+  }
+  for (Layer* l : {&a, &b, &a}) {
+    l->device_step->upload(l->step);
+    const synth::SyntheticStep before = l->step;
+    l->mla->run(l->device_step->inputs(l->step), nullptr);
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_matches_reference(l->layer, before, l->device_step->out.download(), l->device_step->cache.download(),
+                             l->scratch->download());
+  }
 }
 
 TEST(Pipeline, BadStepIsRejectedBeforeAnyLaunch) {
