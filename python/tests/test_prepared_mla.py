@@ -164,7 +164,7 @@ def test_layers_share_one_workspace():
         layers.append((mla, step))
     size = max(mla.workspace_bytes() for mla, _ in layers)
     workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE)
-    with pytest.raises(ValueError, match=r"workspace: expected at least"):
+    with pytest.raises(RuntimeError, match=r"workspace: expected at least"):
         layers[1][0].prepare_cache(layers[1][1].cache, workspace=workspace[:layers[1][0].workspace_bytes() - 256])
     for mla, step in layers:
         mla.prepare_cache(step.cache, workspace=workspace)
