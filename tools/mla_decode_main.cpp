@@ -314,6 +314,9 @@ int run_on_gpu(const mla::cli::RunOptions& o) {
   const int replicas = static_cast<int>(std::clamp(std::ceil(120e6 / footprint), 1.0, 8.0));
   std::vector<std::unique_ptr<Replica>> copies;
   for (int i = 0; i < replicas; ++i) copies.push_back(std::make_unique<Replica>(layer, step));
+  std::printf("memory:      %.1f MiB of stage buffers per prepared layer (workspace_bytes(); the layers of a "
+              "model can share one)\n",
+              double(copies[0]->mla->workspace_bytes()) / (1 << 20));
 
   // 1. One step, checked against the reference.
   const mla::synth::SyntheticStep before = step;
