@@ -12,7 +12,7 @@ Under decode context parallelism each rank's process builds a ``DcpGroup`` and p
 """
 
 from .prepared import (CORES, DcpGroup, LayerTensors, PreparedMla, PreparedShape, core_for, dcp_local_lengths,
-                       pad_requests, read_layer)
+                       pad_requests, read_layer, shared_workspace)
 
 __all__ = ["CORES", "DcpGroup", "LayerTensors", "PreparedMla", "PreparedShape", "core_for", "dcp_local_lengths",
-           "pad_requests", "read_layer"]
+           "pad_requests", "read_layer", "shared_workspace"]

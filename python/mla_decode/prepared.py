@@ -387,6 +387,21 @@ class PreparedMla:
         self._prepared.check_step(projected, out, cache, slots, block_table, lengths, totals, q)
 
 
+def shared_workspace(objects: Sequence["PreparedMla"]) -> torch.Tensor:
+    """One uint8 workspace for prepared objects that never run at the same time (the layers of one model,
+    run in order on one stream): the largest of their ``workspace_bytes()``, on their device. Pass it to
+    each object's ``prepare_cache(kv, workspace=...)``. Raises ValueError for no objects or objects on
+    different devices."""
+    objects = list(objects)
+    if not objects:
+        raise ValueError("objects: expected at least one PreparedMla, got none")
+    devices = {torch.device(mla.device) for mla in objects}
+    if len(devices) != 1:
+        raise ValueError(f"objects: expected one device, got {sorted(str(d) for d in devices)}")
+    size = max(mla.workspace_bytes() for mla in objects)
+    return torch.empty(size, dtype=torch.uint8, device=devices.pop())  # the caching allocator aligns to 512 B
+
+
 def core_for(batch: int, core: str = "auto", q: int = 1) -> str:
     """The attention core that runs a step of ``batch`` rows with ``q`` rows per request when the object
     was built with ``core``.

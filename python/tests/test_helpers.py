@@ -1,4 +1,4 @@
-"""The package's pure-Python parts: reading a layer from a module, core_for, pad_requests.
+"""The package's pure-Python parts: reading a layer from a module, core_for, pad_requests, shared_workspace.
 Need PyTorch, not a GPU nor the compiled binding."""
 
 import pytest
@@ -98,3 +98,26 @@ def test_pad_requests():
         mla_decode.pad_requests(1, block_table, lengths)
     with pytest.raises(ValueError, match=r"lengths: expected shape \[2\]"):
         mla_decode.pad_requests(4, block_table, lengths[:1])
+
+
+class _FakePrepared:
+    """What shared_workspace reads of a PreparedMla: its device and workspace_bytes()."""
+
+    def __init__(self, device, size):
+        self.device = torch.device(device)
+        self._size = size
+
+    def workspace_bytes(self):
+        return self._size
+
+
+def test_shared_workspace_takes_the_largest_size():
+    workspace = mla_decode.shared_workspace([_FakePrepared("cpu", 1000), _FakePrepared("cpu", 4096)])
+    assert workspace.dtype == torch.uint8 and workspace.numel() == 4096
+
+
+def test_shared_workspace_rejects_no_objects_and_mixed_devices():
+    with pytest.raises(ValueError, match=r"objects: expected at least one PreparedMla, got none"):
+        mla_decode.shared_workspace([])
+    with pytest.raises(ValueError, match=r"objects: expected one device"):
+        mla_decode.shared_workspace([_FakePrepared("cpu", 1), _FakePrepared("meta", 1)])

@@ -162,8 +162,8 @@ def test_layers_share_one_workspace():
         step = Step(mla_decode.read_layer(attention), 1, lengths, seed=seed + 1)
         mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, 12), queries=(1,))
         layers.append((mla, step))
-    size = max(mla.workspace_bytes() for mla, _ in layers)
-    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+    workspace = mla_decode.shared_workspace([mla for mla, _ in layers])
+    assert workspace.numel() == max(mla.workspace_bytes() for mla, _ in layers)
     with pytest.raises(RuntimeError, match=r"workspace: expected at least"):
         layers[1][0].prepare_cache(layers[1][1].cache, workspace=workspace[:layers[1][0].workspace_bytes() - 256])
     for mla, step in layers:
