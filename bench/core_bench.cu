@@ -28,6 +28,7 @@
 #include "device_timing.h"
 #include "core/launch.h"
 #include "mla/dims.h"
+#include "synthetic.h"
 
 namespace {
 
@@ -72,6 +73,8 @@ constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::c
                                  {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3},
                                  {"wgmma-tile64", mla::core::kKernelWgmma, 2, 64}};
 
+constexpr float kSoftmaxScale = 0.0721688f;  // 1/sqrt(192), k_scale 1: the logits of ours and the stock path
+
 struct Result {
   double us, gbs, pct, tflops;
   int splits, stages, ctas_per_sm, kernel, tile_rows;
@@ -86,17 +89,12 @@ double max_latent_err(const void* a, const void* b, int64_t row_heads) {
   std::vector<uint16_t> ha(n), hb(n);
   MLA_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
   MLA_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
-  auto f = [](uint16_t x) {
-    const uint32_t bits = uint32_t{x} << 16;
-    float v;
-    std::memcpy(&v, &bits, 4);
-    return double(v);
-  };
   double worst = 0;
   for (int64_t r = 0; r < row_heads; ++r) {
     double diff = 0, ref = 0;
     for (int d = 0; d < mla::kKvLoraRank; ++d) {
-      const double x = f(ha[r * mla::kKvLoraRank + d]), y = f(hb[r * mla::kKvLoraRank + d]);
+      const double x = mla::synth::bf16_value(ha[r * mla::kKvLoraRank + d]);
+      const double y = mla::synth::bf16_value(hb[r * mla::kKvLoraRank + d]);
       diff += (x - y) * (x - y);
       ref += y * y;
     }
@@ -174,7 +172,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
     args.stride_block_table = pages_per_request;
     args.lengths = lengths;
     args.num_requests = s.batch;
-    args.softmax_scale = 0.0721688f;  // 1/sqrt(192)
+    args.softmax_scale = kSoftmaxScale;
     args.k_scale = 1.0f;
     args.latent = latent;
     args.lse = lse;
@@ -199,7 +197,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
     MLA_CUBLAS_CHECK(cublasSetStream(stock, stream));
     mla::bench::StockCore composition(s.batch, s.q, s.heads, max_length, pages_per_request, page_bytes);
     auto run_stock = [&](int i) {
-      composition.run(stock, stream, cache, tables + (i % num_sets) * pages_per_set, lengths, query, 0.0721688f);
+      composition.run(stock, stream, cache, tables + (i % num_sets) * pages_per_set, lengths, query, kSoftmaxScale);
     };
     r.stock_us = mla::timing::time_graph_us(stream, run_stock, /*launches=*/20, /*replays=*/10);
     mla::core::launch_core(plan, core_args(0), stream);

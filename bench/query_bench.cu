@@ -157,10 +157,8 @@ std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_
   MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
   MLA_CUDA_CHECK(cudaFree(stamps));
-  constexpr const char* kNames[] = {"start",    "issued",         "waited", "normed",   "projected",
-                                     "partials", "cluster synced", "summed", "absorbed", "end"};
-  static_assert(std::size(kNames) == query::kNumQueryMarks, "one name per query::QueryMark");
-  return bench::timeline_report(host, kLaunches, ctas, std::vector<std::string>(std::begin(kNames), std::end(kNames)));
+  return bench::timeline_report(host, kLaunches, ctas,
+                                std::vector<std::string>(std::begin(query::kQueryMarkNames), std::end(query::kQueryMarkNames)));
 }
 
 float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {

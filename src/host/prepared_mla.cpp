@@ -98,15 +98,17 @@ struct PreparedMla::State {
   std::vector<PreparedShape> shapes;  // sorted by (rows, q)
 
   // ---- Fixed by plan() (the first workspace_bytes() or prepare()) ----
-  bool planned = false;
-  std::vector<ShapeKernels> kernels;  // parallel to `shapes`
+  std::vector<ShapeKernels> kernels;  // parallel to `shapes`; empty until planned
   bool query_gemm = false;            // a shape takes the query GEMM path (it needs the cuBLAS handle)
   int64_t max_rows = 0, max_pitch = 0;
   // The stage buffers, sized for the largest shape, at 256-byte aligned offsets of one workspace:
   // the query GEMM path's buffers + cuBLAS workspace, the split-KV partials, and (without DCP; under
   // DCP the group's buffers hold them) the latent [max rows, H, 512] bf16 and LSE [max rows, H] fp32.
-  size_t query_bytes = 0, core_bytes = 0, latent_bytes = 0, lse_bytes = 0;
-  size_t query_offset = 0, core_offset = 0, latent_offset = 0, lse_offset = 0, workspace_bytes = 0;
+  struct Region {
+    size_t offset = 0, bytes = 0;
+  };
+  Region query_region, core_region, latent_region, lse_region;
+  size_t workspace_bytes = 0;  // the end of the last region
 
   // ---- Fixed by prepare() ----
   bool prepared = false;
@@ -114,10 +116,11 @@ struct PreparedMla::State {
   DeviceMemory own_workspace;   // when prepare() got no caller workspace
   uint8_t* workspace = nullptr; // own_workspace or the caller's
   // Each buffer, or null where it has no bytes (like an empty allocation).
-  void* query_workspace() const { return query_bytes > 0 ? workspace + query_offset : nullptr; }
-  void* core_workspace() const { return core_bytes > 0 ? workspace + core_offset : nullptr; }
-  void* latent() const { return latent_bytes > 0 ? workspace + latent_offset : nullptr; }
-  float* lse() const { return lse_bytes > 0 ? reinterpret_cast<float*>(workspace + lse_offset) : nullptr; }
+  void* at(const Region& r) const { return r.bytes > 0 ? workspace + r.offset : nullptr; }
+  void* query_workspace() const { return at(query_region); }
+  void* core_workspace() const { return at(core_region); }
+  void* latent() const { return at(latent_region); }
+  float* lse() const { return static_cast<float*>(at(lse_region)); }
 
   void plan();
 };
@@ -128,11 +131,12 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Grids, split counts, shared-memory limits and buffer sizes of every shape: device queries only.
 void PreparedMla::State::plan() {
-  if (planned) return;
+  if (!kernels.empty()) return;
   const int heads = dims.num_heads;
   const DcpGroup* group = options.dcp;
   const int core_heads = group != nullptr ? group->core_heads() : heads;  // H_core
   std::vector<ShapeKernels> planned_kernels;
+  size_t query_bytes = 0, core_bytes = 0;
   for (PreparedShape& shape : shapes) {
     ShapeKernels k;
     k.query = query::make_query_plan(shape.rows, heads);
@@ -152,15 +156,18 @@ void PreparedMla::State::plan() {
     max_pitch = std::max(max_pitch, shape.pitch);
     planned_kernels.push_back(k);
   }
-  kernels = std::move(planned_kernels);
-  latent_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2 : 0;
-  lse_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * sizeof(float) : 0;
-  query_offset = 0;
-  core_offset = align256(query_offset + query_bytes);
-  latent_offset = align256(core_offset + core_bytes);
-  lse_offset = align256(latent_offset + latent_bytes);
-  workspace_bytes = align256(lse_offset + lse_bytes);
-  planned = true;
+  const size_t latent_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * kKvLoraRank * 2 : 0;
+  const size_t lse_bytes = group == nullptr ? static_cast<size_t>(max_rows) * heads * sizeof(float) : 0;
+  auto place = [&](size_t bytes) {  // the next region, at the end of the previous one
+    const Region region{workspace_bytes, bytes};
+    workspace_bytes = align256(workspace_bytes + bytes);
+    return region;
+  };
+  query_region = place(query_bytes);
+  core_region = place(core_bytes);
+  latent_region = place(latent_bytes);
+  lse_region = place(lse_bytes);
+  kernels = std::move(planned_kernels);  // last: a throw above leaves the object unplanned
 }
 
 namespace {

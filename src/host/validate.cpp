@@ -65,14 +65,18 @@ void require_rows(const std::string& name, const TensorView& t) {
   }
 }
 
-// The kernels read and write these tensors with 16-byte vector accesses.
-void require_16_byte_aligned(const std::string& name, const TensorView& t) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+// A data pointer aligned to `bytes`; `why`, if given, follows the expectation in parentheses.
+void require_aligned(const std::string& name, const TensorView& t, size_t bytes, const std::string& why = "") {
+  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) {
     std::ostringstream got;
     got << "data pointer " << t.data << " (" << t.describe() << ")";
-    throw_bad_argument(name, "a 16-byte aligned data pointer", got.str());
+    throw_bad_argument(name, "a " + std::to_string(bytes) + "-byte aligned data pointer" + (why.empty() ? "" : " (" + why + ")"),
+                       got.str());
   }
 }
+
+// The kernels read and write these tensors with 16-byte vector accesses.
+void require_16_byte_aligned(const std::string& name, const TensorView& t) { require_aligned(name, t, 16); }
 
 void require_tensor(const std::string& name, const TensorView& t, DType dtype,
                     std::initializer_list<int64_t> shape, Memory memory, int device_index) {
@@ -220,11 +224,7 @@ void validate_workspace(const TensorView& workspace, int device_index) {
   require_dtype("workspace", workspace, DType::kU8);
   require_shape("workspace", workspace, {-1});
   require_contiguous("workspace", workspace);
-  if (reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0) {
-    std::ostringstream got;
-    got << "data pointer " << workspace.data << " (" << workspace.describe() << ")";
-    throw_bad_argument("workspace", "a 256-byte aligned data pointer (cuBLAS's workspace is in it)", got.str());
-  }
+  require_aligned("workspace", workspace, 256, "cuBLAS's workspace is in it");
 }
 
 void validate_step(const StepInputs& step, const StepContract& contract) {

@@ -50,6 +50,10 @@ enum QueryMark : int {
   kNumQueryMarks
 };
 static_assert(kNumQueryMarks <= timeline::kMaxMarks, "the timeline holds timeline::kMaxMarks marks a CTA");
+// Their names in a timeline report, in QueryMark order.
+inline constexpr const char* kQueryMarkNames[kNumQueryMarks] = {
+    "start", "issued", "waited", "normed", "projected", "partials", "cluster synced", "summed", "absorbed", "end"};
+static_assert(kQueryMarkNames[kNumQueryMarks - 1] != nullptr, "one name per QueryMark");
 
 struct FusedSmemPlan {
   int row_tile;  // rows per cluster (8 * n-tiles)
