@@ -181,6 +181,23 @@ __device__ __forceinline__ void e4m3x16_to_f16_permuted(const uint4& v, uint4& l
                   e4m3x2_hi_to_f16x2(v.w));
 }
 
+// Latent dims [dim, dim + 4) of one (row, head) entry, already normalized: bf16 into the latent when
+// the request has one split (`direct`), else fp32 into split `split`'s partials for the combine kernel.
+__device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, int split, int64_t num_entries,
+                                              int64_t entry, int dim, float v0, float v1, float v2, float v3) {
+  if (direct) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(v2, v3);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
+  } else {
+    float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
+    *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
+  }
+}
+
 // Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
 // kThreads threads, consecutive threads on consecutive chunks of a row: chunk `chunk` of row r lands at
 // dst(r, chunk). Rows past the length are zero-filled (src size 0), never read: the cache may hold
@@ -524,18 +541,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       for (int b = 0; b < 2; ++b) {
         const float v0 = acc[ch][2 * b][2 * half] * scale, v1 = acc[ch][2 * b + 1][2 * half] * scale;
         const float v2 = acc[ch][2 * b][2 * half + 1] * scale, v3 = acc[ch][2 * b + 1][2 * half + 1] * scale;
-        const int dim = warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c;
-        if (direct) {
-          __nv_bfloat162 b01 = __floats2bfloat162_rn(v0, v1);
-          __nv_bfloat162 b23 = __floats2bfloat162_rn(v2, v3);
-          uint2 packed;
-          packed.x = *reinterpret_cast<uint32_t*>(&b01);
-          packed.y = *reinterpret_cast<uint32_t*>(&b23);
-          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-        } else {
-          float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
-          *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
-        }
+        store_latent4(p, direct, split, num_entries, entry, warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c, v0, v1, v2,
+                      v3);
       }
     }
     if (warp == 0 && c == 0) {

@@ -499,17 +499,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
         const float v1 = o[1][4 * j + 2 * h + e] * scale;
         const float v2 = o[2][4 * j + 2 * h + e] * scale;
         const float v3 = o[3][4 * j + 2 * h + e] * scale;
-        if (direct) {
-          __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1);
-          __nv_bfloat162 hi = __floats2bfloat162_rn(v2, v3);
-          uint2 packed;
-          packed.x = *reinterpret_cast<uint32_t*>(&lo);
-          packed.y = *reinterpret_cast<uint32_t*>(&hi);
-          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-        } else {
-          float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
-          *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
-        }
+        store_latent4(p, direct, split, num_entries, entry, dim, v0, v1, v2, v3);
       }
     }
   griddep_launch_dependents();  // PDL: this CTA's last store is done
