@@ -5,13 +5,17 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...]
-//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]
+//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
 // each --shape (e.g. 128x4096x16x1, a trailing v for varlen) replaces the shape list: one shape to
 // profile (ncu --launch-skip then counts launches of that shape only). --stock also times the stock
 // composition of bench/core_bench_stock.cuh on the same inputs and checks its LSE against ours.
+// --l2-resident is a diagnostic, not a result: every block-table entry points into a pool of 128 pages
+// (4.7 MB, L2-resident), so the same kernels run without DRAM latency or bandwidth in the way; its time
+// against the normal run's says how much of a shape's time is waiting for memory (the % copy column
+// then counts bytes the kernel read from L2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -117,32 +121,37 @@ double max_lse_diff(const float* a, const float* b, int64_t n) {
   return worst;
 }
 
-Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock) {
+constexpr int64_t kL2ResidentPages = 128;
+
+Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock,
+                   bool l2_resident) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
   const int64_t pages_per_set = int64_t{s.batch} * pages_per_request;
   const int64_t page_bytes = int64_t{mla::kPageSize} * mla::kKeyDim;
   const int64_t set_bytes = pages_per_set * page_bytes;
-  const int num_sets = static_cast<int>(std::max<int64_t>(1, (int64_t{400} << 20) / set_bytes + 1));
+  const int num_sets =
+      l2_resident ? 1 : static_cast<int>(std::max<int64_t>(1, (int64_t{400} << 20) / set_bytes + 1));
   const int64_t num_pages = pages_per_set * num_sets;
+  const int64_t pool_pages = l2_resident ? std::min(num_pages, kL2ResidentPages) : num_pages;
 
   uint8_t *cache, *query;
   int32_t *tables, *lengths;
   void *latent, *workspace = nullptr;
   float* lse;
-  MLA_CUDA_CHECK(cudaMalloc(&cache, num_pages * page_bytes));
+  MLA_CUDA_CHECK(cudaMalloc(&cache, pool_pages * page_bytes));
   MLA_CUDA_CHECK(cudaMalloc(&query, rows * s.heads * mla::kKeyDim));
   MLA_CUDA_CHECK(cudaMalloc(&tables, num_pages * sizeof(int32_t)));
   MLA_CUDA_CHECK(cudaMalloc(&lengths, s.batch * sizeof(int32_t)));
   MLA_CUDA_CHECK(cudaMalloc(&latent, rows * s.heads * mla::kKvLoraRank * 2));
   MLA_CUDA_CHECK(cudaMalloc(&lse, rows * s.heads * sizeof(float)));
-  fill_fp8<<<1024, 256>>>(cache, num_pages * page_bytes, 1);
+  fill_fp8<<<1024, 256>>>(cache, pool_pages * page_bytes, 1);
   fill_fp8<<<1024, 256>>>(query, rows * s.heads * mla::kKeyDim, 2);
   MLA_CUDA_CHECK_LAUNCH();
   // Page p of set k: a strided permutation so neighbouring block-table entries are far apart.
   std::vector<int32_t> table(num_pages);
-  for (int64_t i = 0; i < num_pages; ++i) table[i] = static_cast<int32_t>((i * 7919) % num_pages);
+  for (int64_t i = 0; i < num_pages; ++i) table[i] = static_cast<int32_t>((i * 7919) % pool_pages);
   MLA_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   std::vector<int32_t> len(s.batch);
   double total_tokens = 0;
@@ -224,7 +233,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<Variant> variants;
   std::vector<int> split_counts;
-  bool small_batch = false, with_stock = false;
+  bool small_batch = false, with_stock = false, l2_resident = false;
   std::vector<Shape> chosen_shapes;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
@@ -243,6 +252,8 @@ int main(int argc, char** argv) {
       small_batch = known = true;
     } else if (!std::strcmp(argv[i], "--stock")) {
       with_stock = known = true;
+    } else if (!std::strcmp(argv[i], "--l2-resident")) {
+      l2_resident = known = true;
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
@@ -259,7 +270,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64 ...] [--small-batch] [--splits N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]\n",
                    argv[i]);
       return 2;
     }
@@ -293,13 +304,14 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
                   prop.name, prop.multiProcessorCount, copy_gbs);
     table += line;
+    if (l2_resident) table += "**--l2-resident: a diagnostic, every page read from a 128-page L2-resident pool.**\n\n";
     table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |";
     table += with_stock ? " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |\n" : "\n";
     table += with_stock ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock);
+          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, l2_resident);
           std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
                         r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : "wgmma", r.tile_rows, r.stages,
