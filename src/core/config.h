@@ -30,6 +30,11 @@ inline constexpr int kQkStepsPerWarp = kKeyDim / 16 / kQkKHalves;    // 18 k16 s
 inline constexpr int kDimsPerWarp = kKvLoraRank / kNumWarps;      // 64
 inline constexpr int kPageBytes = kPageSize * kKeyDim;            // 36864 bytes that one page moves
 
+// Online softmax of version 1 (kernel.cuh, 3c): P = exp2(x - m) against the running max m of the
+// pages before while no logit of the page exceeds m by more than this (P <= 2^8 in fp16, whose range
+// ends at 2^16); past it the CTA raises m exactly (one more barrier, P recomputed, sums rescaled).
+inline constexpr float kLazyMaxSlack = 8.0f;
+
 // NOTE: a cached token row (576 B) lands in shared memory padded to 592 B (148 words = 20 mod 32).
 // That makes the 8-row ldmatrix of K (Q·K^T) and the 8-row ldmatrix.trans of V (P·V) conflict-free.
 inline constexpr int kKvRowBytes = kKeyDim + 16;

@@ -9,8 +9,9 @@
 //   2. S = Q·K^T: warp w computes 16 rows x tokens [16(w%4), +16) over k half w/4 (m16n8k16 f16,
 //      fp32 accumulate; the second half's partial sums go to the first through shared memory), Q from
 //      an f16 tile in shared memory, K converted e4m3 -> f16 per page;
-//   3. online softmax in base 2: page row max across the token groups through shared memory, then
-//      p = exp2(s·scale·log2e − m) as fp16 into the shared P tile (sums kept in fp32);
+//   3. online softmax in base 2 with a lazily raised max: p = exp2(s·scale·log2e − m) as fp16 into the
+//      shared P tile against the running max m (sums kept in fp32); only when a logit passes m by more
+//      than kLazyMaxSlack is m raised to the page row max across the token groups (through shared memory);
 //   4. O += P·V in fp16 (m16n8k16, fp32 accumulate): warp w computes 16 rows x its 64 latent dims
 //      over all 64 tokens; V fragments come from ldmatrix.trans of the FP8 bytes, byte-permuted and
 //      converted e4m3 -> f16x2 (exact). NOTE: FP8 P would halve the P·V MMAs but costs ~3 % relative
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     if (it >= 1 && issued < my_pages) issue_next_page();
 
     // 3b. (first k half) Add the partials, scale to base-2 logits, mask (only pages that reach past a
-    // causal bound or the length), page row max over the group's 16 tokens.
+    // causal bound or the length).
     const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
     if (k_half == 0) {
       const bool full_page = page_token0 + kPageSize <= length &&
@@ -411,41 +412,25 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
           s[tile][2 + e] = x1;
         }
       }
-      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-      }
-      if (c == 0) {
-        smem.row_max[token_group][g] = mx0;
-        smem.row_max[token_group][g + 8] = mx1;
-      }
     }
-    __syncthreads();  // (A) row maxima visible
 
-    // 3c. Online softmax (every warp: the row max and the rescale of its accumulators; the first k
-    // half: P = exp2(x - m) in fp16 for its 16 tokens, and the softmax sums).
-    float page_max0 = smem.row_max[0][g], page_max1 = smem.row_max[0][g + 8];
-#pragma unroll
-    for (int w = 1; w < kQkTokenGroups; ++w) {
-      page_max0 = fmaxf(page_max0, smem.row_max[w][g]);
-      page_max1 = fmaxf(page_max1, smem.row_max[w][g + 8]);
-    }
-    const float m_new0 = fmaxf(m_run[0], page_max0);
-    const float m_new1 = fmaxf(m_run[1], page_max1);
-    // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
-    const float m_use0 = m_new0 == -INFINITY ? 0.0f : m_new0;
-    const float m_use1 = m_new1 == -INFINITY ? 0.0f : m_new1;
-    const float alpha0 = ex2_ftz(m_run[0] - m_use0);
-    const float alpha1 = ex2_ftz(m_run[1] - m_use1);
-    m_run[0] = m_new0;
-    m_run[1] = m_new1;
+    // 3c. Online softmax with a lazily raised max. P = exp2(x - m) against the running max m of the
+    // pages before (the same for every warp); only when some logit of the page exceeds m by more than
+    // kLazyMaxSlack (P up to 2^kLazyMaxSlack, far inside fp16) does the CTA take the exact path: page
+    // row max across the token groups, m raised, P recomputed, sums and accumulators rescaled. Once the
+    // running maxima settle (most pages of a split) a page costs one CTA barrier here instead of two.
+    // NOTE: P stays exact to fp16 either way; a lower reference only shifts small weights up, away
+    // from fp16's subnormals. A row with nothing visible yet keeps m = -inf and subtracts 0 (never
+    // inf - inf); its first visible logit always takes the exact path.
+    const float m_use0 = m_run[0] == -INFINITY ? 0.0f : m_run[0];
+    const float m_use1 = m_run[1] == -INFINITY ? 0.0f : m_run[1];
+    bool raise = false;
+    float sum0 = 0.0f, sum1 = 0.0f;
     if (k_half == 0) {
-      float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
+        raise |= fmaxf(s[tile][0], s[tile][1]) > m_run[0] + kLazyMaxSlack;
+        raise |= fmaxf(s[tile][2], s[tile][3]) > m_run[1] + kLazyMaxSlack;
         const float p00 = ex2_ftz(s[tile][0] - m_use0), p01 = ex2_ftz(s[tile][1] - m_use0);
         const float p10 = ex2_ftz(s[tile][2] - m_use1), p11 = ex2_ftz(s[tile][3] - m_use1);
         sum0 += p00 + p01;
@@ -455,12 +440,52 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
         *reinterpret_cast<uint32_t*>(&smem.p[g][p_col]) = half2_bits(p00, p01);
         *reinterpret_cast<uint32_t*>(&smem.p[g + 8][p_col]) = half2_bits(p10, p11);
       }
-      l_run[0] = l_run[0] * alpha0 + sum0;
-      l_run[1] = l_run[1] * alpha1 + sum1;
     }
-    // NOTE: once the running maxima settle (most pages of a long split) every alpha is 1: skipping the
-    // 32 multiplies is a warp-uniform branch (every warp holds all 16 rows' alphas).
-    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+    if (__syncthreads_or(raise)) {  // (B) P complete, unless some row's max must be raised (CTA-uniform)
+      if (k_half == 0) {
+        float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        if (c == 0) {
+          smem.row_max[token_group][g] = mx0;
+          smem.row_max[token_group][g + 8] = mx1;
+        }
+      }
+      __syncthreads();  // row maxima visible; nobody reads the tentative P any more
+      float page_max0 = smem.row_max[0][g], page_max1 = smem.row_max[0][g + 8];
+#pragma unroll
+      for (int w = 1; w < kQkTokenGroups; ++w) {
+        page_max0 = fmaxf(page_max0, smem.row_max[w][g]);
+        page_max1 = fmaxf(page_max1, smem.row_max[w][g + 8]);
+      }
+      const float m_new0 = fmaxf(m_run[0], page_max0);
+      const float m_new1 = fmaxf(m_run[1], page_max1);
+      const float m_raised0 = m_new0 == -INFINITY ? 0.0f : m_new0;
+      const float m_raised1 = m_new1 == -INFINITY ? 0.0f : m_new1;
+      const float alpha0 = ex2_ftz(m_run[0] - m_raised0);
+      const float alpha1 = ex2_ftz(m_run[1] - m_raised1);
+      m_run[0] = m_new0;
+      m_run[1] = m_new1;
+      if (k_half == 0) {
+        sum0 = 0.0f;
+        sum1 = 0.0f;
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile) {
+          const float p00 = ex2_ftz(s[tile][0] - m_raised0), p01 = ex2_ftz(s[tile][1] - m_raised0);
+          const float p10 = ex2_ftz(s[tile][2] - m_raised1), p11 = ex2_ftz(s[tile][3] - m_raised1);
+          sum0 += p00 + p01;
+          sum1 += p10 + p11;
+          const int p_col = kQkTokensPerWarp * token_group + 8 * tile + 2 * c;
+          *reinterpret_cast<uint32_t*>(&smem.p[g][p_col]) = half2_bits(p00, p01);
+          *reinterpret_cast<uint32_t*>(&smem.p[g + 8][p_col]) = half2_bits(p10, p11);
+        }
+        l_run[0] *= alpha0;
+        l_run[1] *= alpha1;
+      }
 #pragma unroll
       for (int ch = 0; ch < kDimsPerWarp / 32; ++ch)
 #pragma unroll
@@ -470,8 +495,10 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
           acc[ch][j][2] *= alpha1;
           acc[ch][j][3] *= alpha1;
         }
+      __syncthreads();  // (B') the exact P complete
     }
-    __syncthreads();  // (B) P complete
+    l_run[0] += sum0;  // the second k half adds its zeros
+    l_run[1] += sum1;
 
     // 3d. O += P·V over the page's 64 tokens (4 k16 steps) for this warp's 64 dims. A = P by ldmatrix.x4.
     // B = V by ldmatrix.x4.trans of the FP8 bytes read as b16 pairs: matrix m (tokens [8(m % 2), +8) of the

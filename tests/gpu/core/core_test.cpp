@@ -305,6 +305,14 @@ std::vector<CoreCase> cases() {
     c.logit_std = 6.0;
     v.push_back(c);
   }
+  {
+    // Logits so spread (log2 std ~17) that later pages still raise the running max by more than the
+    // lazy-max slack (config.h): version 1's exact path runs mid-split, not only on the first page.
+    CoreCase c = make("h16_q1_rising_max_one_split", 16, 1, {4097, 300});
+    c.logit_std = 12.0;
+    c.num_splits = 1;
+    v.push_back(c);
+  }
   v.push_back(with(make("dcp2_i1_h16_q2", 16, 2, {5000, 3, 130, 1}), 0, 1, dcp(1, 2, 1)));
   v.push_back(with(make("dcp4_i64_h32_q1", 32, 1, {10000, 64 * 4 * 3 + 10, 100, 64 * 2 + 5}), 5, 0, dcp(2, 4, 64)));
   v.push_back(with(make("dcp4_i1_h8_q4", 8, 4, {4097, 7, 2}), 1, 0, dcp(3, 4, 1)));
