@@ -116,11 +116,20 @@ struct StockCore {
   StockCore(const StockCore&) = delete;
   StockCore& operator=(const StockCore&) = delete;
 
+  // Device bytes the intermediates take (so a caller can skip shapes that do not fit).
+  static int64_t bytes(int batch, int q, int heads, int max_len) {
+    const int64_t rows = int64_t{batch} * q * heads;
+    return int64_t{batch} * max_len * kKeyDim * 2 + rows * kKeyDim * 2 + rows * max_len * 6 + rows * kKvLoraRank * 2 +
+           rows * 4;
+  }
+
+  // softmax_scale multiplies Q·K^T of the e4m3 query and the k_scale-scaled cache (bf16); the latent is
+  // P·V of the scaled cache, so it comes out scaled as the core's does.
   void run(cublasHandle_t cublas, cudaStream_t stream, const uint8_t* cache, const int32_t* block_table,
-           const int32_t* lengths, const uint8_t* query_fp8, float softmax_scale) {
+           const int32_t* lengths, const uint8_t* query_fp8, float softmax_scale, float k_scale = 1.0f) {
     const int rows_per_request = q * heads;
     stock_gather_kv_kernel<<<dim3(256, batch), 256, 0, stream>>>(cache, page_bytes, block_table, pages_per_request,
-                                                                 lengths, max_len, 1.0f, kv);
+                                                                 lengths, max_len, k_scale, kv);
     MLA_CUDA_CHECK_LAUNCH();
     stock_query_to_bf16_kernel<<<256, 256, 0, stream>>>(query_fp8, int64_t{batch} * rows_per_request * kKeyDim / 8,
                                                         query);

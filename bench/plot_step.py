@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Plots bench/results/step.csv (written by `step_bench --csv`) as a PNG a user would rather look at
 than read: per (H, q) panel, µs per step against batch rows for each context, fused (solid) against
-the floor (dotted) and the stock composition (dashed). Needs matplotlib (present on the H200 image).
+the floor (dotted), the stock composition with our core (dashed) and with a stock attention
+(dash-dot, where the sweep ran it). Needs matplotlib (present on the H200 image).
 
     python3 bench/plot_step.py bench/results/step.csv bench/results/step.png
 """
@@ -33,6 +34,11 @@ def main(csv_path: str, png_path: str) -> None:
             ax.plot(x, [float(r["fused_us"]) for r in points], "-o", color=color, label=f"fused {label}")
             ax.plot(x, [float(r["floor_us"]) for r in points], ":", color=color, label=f"floor {label}")
             ax.plot(x, [float(r["stock_us"]) for r in points], "--", color=color, alpha=0.6, label=f"stock {label}")
+            # The stock composition with a stock attention, where the sweep ran it (older CSVs lack it).
+            attention = [(int(r["rows"]), float(r["stock_attention_us"])) for r in points if r.get("stock_attention_us")]
+            if attention:
+                ax.plot([a for a, _ in attention], [b for _, b in attention], "-.", color=color, alpha=0.5,
+                        label=f"stock attention {label}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch rows")

@@ -1,7 +1,9 @@
 // Whole-step benchmark (issue 8, DESIGN.md §6): PreparedMla::run (query kernel -> core -> value
 // kernel, PDL-chained) against the stock composition of the same step (RMSNorm kernel, cuBLAS GEMM
 // for q_b_proj, batched GEMM for W_UK, quantize-and-cache-write kernel, the same core, batched GEMM
-// for W_UV, gate kernel), both as CUDA graphs of 20 steps rotating over replicas whose weights + KV
+// for W_UV, gate kernel) and against that composition with a stock attention (core_bench_stock.cuh:
+// bf16 gather, cuBLAS, softmax, cuBLAS; where its intermediates fit), each checked against the fused
+// step's out, all as CUDA graphs of 20 steps rotating over replicas whose weights + KV
 // exceed the L2, median of 30 replays; the floor from ceilings measured in the same run.
 //
 //   step_bench [--csv FILE] [--quick]
@@ -29,6 +31,7 @@
 #include "device_timing.h"
 #include "mla/mla.h"
 #include "bench_inputs.cuh"
+#include "core_bench_stock.cuh"
 #include "query_bench_stock.cuh"
 #include "synthetic.h"
 
@@ -130,8 +133,11 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   return r;
 }
 
-// The stock composition of one step on replica `r`.
-void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStream_t stream) {
+// The stock composition of one step on replica `r`: its attention is our core, or with
+// `stock_attention` the stock attention of core_bench_stock.cuh (gather to bf16, cuBLAS, softmax,
+// cuBLAS), the composition DESIGN.md §6 describes.
+void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStream_t stream,
+                   StockCore* stock_attention = nullptr) {
   const int H = c.heads, rows = c.rows;
   const StepInputs& s = r.inputs;
   const auto* projected = s.projected.as<const __nv_bfloat16>();
@@ -164,15 +170,48 @@ void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStrea
   args.latent = r.latent;
   args.lse = r.lse;
   args.workspace = r.core_workspace;
-  core::launch_core(r.core_plan, args, stream);
+  const __nv_bfloat16* latent = r.latent;
+  if (stock_attention != nullptr) {
+    // The cache is scaled by k_scale in the gather, so the logits take only q_scale / sqrt(192).
+    stock_attention->run(cublas, stream, s.cache.as<uint8_t>(), args.block_table, args.lengths, r.query,
+                         r.weights.q_scale / std::sqrt(float(kQkHeadDim)), r.weights.k_scale);
+    latent = stock_attention->latent;
+  } else {
+    core::launch_core(r.core_plan, args, stream);
+  }
   // v^T (128 x rows) = W_UV[h]^T (128 x 512) . latent[h]^T (512 x rows), per head (column-major view).
   MLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kVHeadDim, rows, kKvLoraRank, &alpha,
-                                              r.weights.w_uv.data, CUDA_R_16BF, kVHeadDim, kKvLoraRank * kVHeadDim, r.latent,
+                                              r.weights.w_uv.data, CUDA_R_16BF, kVHeadDim, kKvLoraRank * kVHeadDim, latent,
                                               CUDA_R_16BF, H * kKvLoraRank, kKvLoraRank, &beta, r.v, CUDA_R_16BF,
                                               H * kVHeadDim, kVHeadDim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   stock_gate_kernel<<<rows, 256, 0, stream>>>(r.v, projected, pitch, s.lengths.as<const int32_t>(), c.q,
                                               args.num_requests, H * kVHeadDim, s.out.as<__nv_bfloat16>());
   MLA_CUDA_CHECK_LAUNCH();
+}
+
+// The stock attention's intermediates (a bf16 copy of the visible cache, fp32 scores) must fit beside
+// the replicas: shapes past this skip it (at 256 x 128k the bf16 K alone is 39 GB).
+constexpr int64_t kStockAttentionBudgetBytes = int64_t{24} << 30;
+
+// The replica's out after `enqueue` (bf16 bits).
+template <class Enqueue>
+std::vector<uint16_t> out_after(Replica& r, cudaStream_t stream, Enqueue enqueue) {
+  enqueue();
+  std::vector<uint16_t> out(r.inputs.out.numel());
+  MLA_CUDA_CHECK(cudaMemcpyAsync(out.data(), r.inputs.out.data, out.size() * 2, cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+// |a - b|_2 / |b|_2 over whole bf16 tensors.
+double relative_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = synth::bf16_value(a[i]), y = synth::bf16_value(b[i]);
+    diff += (x - y) * (x - y);
+    ref += y * y;
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
 }  // namespace
@@ -203,9 +242,17 @@ int main(int argc, char** argv) {
 
     std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
     if (!csv_path.empty() && csv == nullptr) throw Error("step_bench: cannot write --csv " + csv_path);
-    if (csv) std::fprintf(csv, "rows,context,heads,q,fused_us,stock_us,floor_us,fused_over_floor,stock_over_fused,gbs,tflops\n");
-    std::printf("| rows | context | H | q | fused µs | floor µs | fused/floor | stock µs | stock/fused | GB/s | TFLOP/s |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    if (csv) {
+      std::fprintf(csv, "rows,context,heads,q,fused_us,stock_us,floor_us,fused_over_floor,stock_over_fused,gbs,tflops,"
+                        "stock_attention_us,stock_attention_over_fused,stock_out_rel_l2,stock_attention_out_rel_l2\n");
+    }
+    std::printf("stock: the stock composition with our core; stock attention: the same with the stock attention of "
+                "core_bench_stock.cuh (DESIGN.md §6; skipped, '-', where its intermediates exceed %.0f GB). The last column: "
+                "relative L2 of each stock composition's out against the fused step's (MISMATCH past 2e-2).\n\n",
+                bench::kStockAttentionBudgetBytes / 1e9);
+    std::printf("| rows | context | H | q | fused µs | floor µs | fused/floor | stock µs | stock/fused | GB/s | TFLOP/s | "
+                "stock attention µs | stock attention/fused | out vs fused: stock, stock attention |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
 
     std::map<int, synth::SyntheticLayer> layers;
     const std::vector<int> batches = quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256};
@@ -228,17 +275,63 @@ int main(int argc, char** argv) {
                 stream, [&](int i) { copies[i % replicas]->mla->run(copies[i % replicas]->inputs, stream); });
             const double stock = timing::time_graph_us(
                 stream, [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream); });
+            const int requests = rows / q;
+            std::unique_ptr<bench::StockCore> stock_attention;
+            double stock_attention_us = std::nan("");
+            if (bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
+              stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
+                                                                   (context + kPageSize - 1) / kPageSize,
+                                                                   copies[0]->inputs.cache.stride[0]);
+              stock_attention_us = timing::time_graph_us(
+                  stream,
+                  [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream, stock_attention.get()); },
+                  /*launches=*/20, /*replays=*/10);
+            }
+            // A broken stock path cannot pass for a slow one: its out must match the fused step's.
+            bench::Replica& r0 = *copies[0];
+            const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
+            const double stock_err = bench::relative_l2(
+                bench::out_after(r0, stream, [&] { bench::enqueue_stock(r0, c, cublas, stream); }), fused_out);
+            const double stock_attention_err =
+                stock_attention ? bench::relative_l2(bench::out_after(r0, stream,
+                                                                      [&] {
+                                                                        bench::enqueue_stock(r0, c, cublas, stream,
+                                                                                             stock_attention.get());
+                                                                      }),
+                                                     fused_out)
+                                : std::nan("");
+            const bool agree = stock_err <= 2e-2 && (!stock_attention || stock_attention_err <= 2e-2);
+            char attention_cols[160];
+            if (stock_attention) {
+              std::snprintf(attention_cols, sizeof attention_cols, "%.2f | %.2f | %.1e, %.1e%s", stock_attention_us,
+                            stock_attention_us / fused, stock_err, stock_attention_err, agree ? "" : " MISMATCH");
+            } else {
+              std::snprintf(attention_cols, sizeof attention_cols, "- | - | %.1e, -%s", stock_err, agree ? "" : " MISMATCH");
+            }
             double visible = 0;
             for (int i = 0; i < q; ++i) visible += context - q + i + 1;
             const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
             const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
-            std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f |\n", rows, context, heads, q,
-                        fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
-                        cost.flops() / (fused * 1e6));
+            std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f | %s |\n", rows, context,
+                        heads, q, fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
+                        cost.flops() / (fused * 1e6), attention_cols);
             std::fflush(stdout);
             if (csv) {
-              std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f\n", rows, context, heads, q, fused, stock,
-                           floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
+              // Skipped stock-attention shapes leave their two columns empty.
+              char attention_csv[96] = ",";
+              if (stock_attention) {
+                std::snprintf(attention_csv, sizeof attention_csv, "%.3f,%.3f", stock_attention_us,
+                              stock_attention_us / fused);
+              }
+              char err_csv[64];
+              if (stock_attention) {
+                std::snprintf(err_csv, sizeof err_csv, "%.2e,%.2e", stock_err, stock_attention_err);
+              } else {
+                std::snprintf(err_csv, sizeof err_csv, "%.2e,", stock_err);
+              }
+              std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f,%s,%s\n", rows, context, heads, q, fused,
+                           stock, floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3),
+                           cost.flops() / (fused * 1e6), attention_csv, err_csv);
             }
           }
         }
