@@ -279,9 +279,10 @@ int main(int argc, char** argv) {
             std::unique_ptr<bench::StockCore> stock_attention;
             double stock_attention_us = std::nan("");
             if (bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
+              const StepInputs& inputs = copies[0]->inputs;  // every replica has the same shapes
               stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
-                                                                   (context + kPageSize - 1) / kPageSize,
-                                                                   copies[0]->inputs.cache.stride[0]);
+                                                                   static_cast<int>(inputs.block_table.shape[1]),
+                                                                   inputs.cache.stride[0]);
               stock_attention_us = timing::time_graph_us(
                   stream,
                   [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream, stock_attention.get()); },

@@ -70,7 +70,8 @@ struct QueryArgs {
   int64_t num_cache_pages = 0;
   void* workspace = nullptr;             // plan.workspace_bytes (may be null when that is 0)
   cublasHandle_t cublas = nullptr;       // GEMM path: the caller's handle (its stream and workspace are set here)
-  uint64_t* timeline = nullptr;          // fused path of an MLA_TIMELINE build only: [grid CTAs, 16] stamps
+  uint64_t* timeline = nullptr;          // fused path of an MLA_TIMELINE build only: [grid CTAs,
+                                         // timeline::kMaxMarks] stamps; null records nothing
 };
 
 // Launches the plan's kernels. With `pdl`, the first is launched as a programmatic dependent of
