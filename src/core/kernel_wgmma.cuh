@@ -13,9 +13,11 @@
 //      FP8 page, converted e4m3 -> f16: each K byte by one warpgroup), B = Q^T from the f16 query tile
 //      in shared memory (converted once per CTA), 18 k-steps; the warpgroups then swap the partials
 //      of each other's rows through shared memory (one CTA barrier);
-//   3. online softmax in base 2 over the tokens (the M side: quad shuffles, then the 4 warps of the
-//      warpgroup through shared memory); P^T in fp16 into a 128-byte-swizzle shared tile, the per-row
-//      rescale factor beside it; one CTA barrier;
+//   3. online softmax in base 2 over the tokens with a lazily raised max (kLazyMaxSlack): P^T in fp16
+//      into a 128-byte-swizzle shared tile against the running max, one CTA barrier that also votes on
+//      whether some row's max must be raised; only then the page row max (quad shuffles, then the 4
+//      warps of the warpgroup through shared memory), P^T again and the per-row rescale factors beside
+//      it, and a second CTA barrier;
 //   4. O^T += V^T·P^T: warpgroup w computes its 256 latent dims (four m64 tiles) × all kTileN rows
 //      (m64nNk16 f16, A = V^T from registers: 32-bit shared loads of the FP8 bytes, byte-permuted and
 //      converted e4m3 → f16x2, exact; B = P^T from shared memory). NOTE: FP8 wgmma needs K-major
@@ -342,50 +344,82 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
           if (gb > bound) x[4 * j + 2 + e] = -INFINITY;
         }
     }
-    // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
-#pragma unroll
-    for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = fmaxf(x[4 * j + e], x[4 * j + 2 + e]);
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = mx;
-      }
-    named_barrier_sync(1 + wg, 128);
-
-    // 3c. Online softmax: new row max, P^T = exp2(x - m) in fp16, the rescale factor for both warpgroups.
+    // 3c. Online softmax with a lazily raised max (as in version 1, kernel.cuh): P^T = exp2(x - m) in
+    // fp16 against the running max m of the pages before; only when a logit of the page passes m by more
+    // than kLazyMaxSlack does the CTA take the exact path (page row max over the warpgroup's 4 warps, m
+    // raised, P^T recomputed, the rescale factors for both warpgroups). Otherwise every alpha is 1: no
+    // row max exchange, no rescale of O^T.
     uint8_t* p_tile = reinterpret_cast<uint8_t*>(&smem.p[buf][0][0]);
+    auto store_p = [&](int n, float pa, float pb) {  // row n of the tile, this thread's two tokens
+      uint8_t* row = p_tile + n * (kPageSize * 2);
+      *reinterpret_cast<__half*>(row + (((token_a >> 3) ^ (n & 7)) << 4) + (token_a & 7) * 2) = __float2half_rn(pa);
+      *reinterpret_cast<__half*>(row + (((token_b >> 3) ^ (n & 7)) << 4) + (token_b & 7) * 2) = __float2half_rn(pb);
+    };
+    bool raise = false;
+    float page_sum[kGroupsS][2];
 #pragma unroll
     for (int j = 0; j < kGroupsS; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int nl = 8 * j + 2 * c + e;  // row within the warpgroup
-        const float page_max = fmaxf(fmaxf(smem.red[wg][0][nl], smem.red[wg][1][nl]),
-                                     fmaxf(smem.red[wg][2][nl], smem.red[wg][3][nl]));
-        const float m_new = fmaxf(m_run[j][e], page_max);
-        // NOTE: a row with nothing visible yet keeps m = -inf; subtracting 0 instead avoids inf - inf.
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = ex2_ftz(m_run[j][e] - m_use);
-        m_run[j][e] = m_new;
+        // NOTE: a row with nothing visible yet keeps m = -inf and subtracts 0 (never inf - inf); its
+        // first visible logit always takes the exact path.
+        const float m_use = m_run[j][e] == -INFINITY ? 0.0f : m_run[j][e];
+        raise |= fmaxf(x[4 * j + e], x[4 * j + 2 + e]) > m_run[j][e] + kLazyMaxSlack;
         const float pa = ex2_ftz(x[4 * j + e] - m_use);
         const float pb = ex2_ftz(x[4 * j + 2 + e] - m_use);
-        l_run[j][e] = l_run[j][e] * alpha + (pa + pb);
-        const int n = wg * kRowsWg + nl;  // row within the tile
-        uint8_t* row = p_tile + n * (kPageSize * 2);
-        *reinterpret_cast<__half*>(row + (((token_a >> 3) ^ (n & 7)) << 4) + (token_a & 7) * 2) = __float2half_rn(pa);
-        *reinterpret_cast<__half*>(row + (((token_b >> 3) ^ (n & 7)) << 4) + (token_b & 7) * 2) = __float2half_rn(pb);
-        if (wi == 0 && g == 0) smem.alpha[buf][n] = alpha;
+        page_sum[j][e] = pa + pb;
+        store_p(wg * kRowsWg + 8 * j + 2 * c + e, pa, pb);
       }
     fence_proxy_async();
-    __syncthreads();  // P^T and alpha complete; every thread is done with the previous page
+    // (P) P^T complete unless some row's max must be raised (CTA-uniform); every thread is done with the
+    // previous page.
+    const bool raised = __syncthreads_or(raise);
+    if (raised) {
+      // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
+#pragma unroll
+      for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float mx = fmaxf(x[4 * j + e], x[4 * j + 2 + e]);
+#pragma unroll
+          for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+          if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = mx;
+        }
+      named_barrier_sync(1 + wg, 128);
+#pragma unroll
+      for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int nl = 8 * j + 2 * c + e;  // row within the warpgroup
+          const float page_max = fmaxf(fmaxf(smem.red[wg][0][nl], smem.red[wg][1][nl]),
+                                       fmaxf(smem.red[wg][2][nl], smem.red[wg][3][nl]));
+          const float m_new = fmaxf(m_run[j][e], page_max);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float alpha = ex2_ftz(m_run[j][e] - m_use);
+          m_run[j][e] = m_new;
+          const float pa = ex2_ftz(x[4 * j + e] - m_use);
+          const float pb = ex2_ftz(x[4 * j + 2 + e] - m_use);
+          l_run[j][e] *= alpha;
+          page_sum[j][e] = pa + pb;
+          const int n = wg * kRowsWg + nl;  // row within the tile
+          store_p(n, pa, pb);
+          if (wi == 0 && g == 0) smem.alpha[buf][n] = alpha;
+        }
+      fence_proxy_async();
+      __syncthreads();  // (P') the exact P^T and the rescale factors complete
+    }
+#pragma unroll
+    for (int j = 0; j < kGroupsS; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) l_run[j][e] += page_sum[j][e];
 
     // The previous page's stage is free now: refill it kStages - 1 pages ahead.
     if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
 
-    // 3d. O^T = O^T·alpha + V^T·P^T over the page's 64 tokens (4 k16 steps) x this warpgroup's dims.
+    // 3d. O^T = O^T·alpha + V^T·P^T over the page's 64 tokens (4 k16 steps) x this warpgroup's dims
+    // (alpha = 1 unless the max was raised).
 #pragma unroll
-    for (int j = 0; j < kGroupsO; ++j) {
+    for (int j = 0; j < kGroupsO && raised; ++j) {
       const float2 alpha = *reinterpret_cast<const float2*>(&smem.alpha[buf][8 * j + 2 * c]);
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
