@@ -193,6 +193,10 @@ void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStrea
 // the replicas: shapes past this skip it (at 256 x 128k the bf16 K alone is 39 GB).
 constexpr int64_t kStockAttentionBudgetBytes = int64_t{24} << 30;
 
+// How far a stock composition's out may lie from the fused step's (relative L2) before the row says
+// MISMATCH: see the check in main for why it is not ~1e-3.
+constexpr double kStockAgreement = 5e-2;
+
 // The replica's out after `enqueue` (bf16 bits).
 template <class Enqueue>
 std::vector<uint16_t> out_after(Replica& r, cudaStream_t stream, Enqueue enqueue) {
@@ -248,8 +252,9 @@ int main(int argc, char** argv) {
     }
     std::printf("stock: the stock composition with our core; stock attention: the same with the stock attention of "
                 "core_bench_stock.cuh (DESIGN.md §6; skipped, '-', where its intermediates exceed %.0f GB). The last column: "
-                "relative L2 of each stock composition's out against the fused step's (MISMATCH past 2e-2).\n\n",
-                bench::kStockAttentionBudgetBytes / 1e9);
+                "relative L2 of each stock composition's out against the fused step's (MISMATCH past %.0e; the stock rounds ql "
+                "to bf16 before its FP8 quantization, ~2e-2 apart by that alone).\n\n",
+                bench::kStockAttentionBudgetBytes / 1e9, bench::kStockAgreement);
     std::printf("| rows | context | H | q | fused µs | floor µs | fused/floor | stock µs | stock/fused | GB/s | TFLOP/s | "
                 "stock attention µs | stock attention/fused | out vs fused: stock, stock attention |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
@@ -288,7 +293,11 @@ int main(int argc, char** argv) {
                   [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream, stock_attention.get()); },
                   /*launches=*/20, /*replays=*/10);
             }
-            // A broken stock path cannot pass for a slow one: its out must match the fused step's.
+            // A broken stock path cannot pass for a slow one: its out must match the fused step's. Not to
+            // rounding: the stock rounds ql to bf16 before its e4m3 quantization (DESIGN.md §4 allows it), which
+            // moves ~3 % of the query's e4m3 bytes by one step (1.6 % relative RMS of the query; a numpy model of
+            // the double rounding), and the out by about as much: measured 1.6-2.5e-2 on every shape
+            // (2026-12-04). A broken composition is off by O(1).
             bench::Replica& r0 = *copies[0];
             const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
             const double stock_err = bench::relative_l2(
@@ -301,7 +310,8 @@ int main(int argc, char** argv) {
                                                                       }),
                                                      fused_out)
                                 : std::nan("");
-            const bool agree = stock_err <= 2e-2 && (!stock_attention || stock_attention_err <= 2e-2);
+            const bool agree = stock_err <= bench::kStockAgreement &&
+                               (!stock_attention || stock_attention_err <= bench::kStockAgreement);
             char attention_cols[160];
             if (stock_attention) {
               std::snprintf(attention_cols, sizeof attention_cols, "%.2f | %.2f | %.1e, %.1e%s", stock_attention_us,
