@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/kernel.cuh"
 #include "core/kernel_wgmma.cuh"
+#include "core/kernel_wgmma_ws.cuh"
 #include "core/params.h"
 
 namespace mla::core {
@@ -38,6 +39,23 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (stages != 2 && stages != 3) {
     throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma (0 = default)", std::to_string(stages));
   }
+  if (kernel == kKernelWgmmaWs) {
+    switch (tile_rows) {
+      case 16:
+        if (stages == 2) return {core_wgmma_ws_kernel<16, 2>, sizeof(WgmmaWsSharedMemoryPlan<16, 2>)};
+        return {core_wgmma_ws_kernel<16, 3>, sizeof(WgmmaWsSharedMemoryPlan<16, 3>)};
+      case 32:
+        if (stages == 2) return {core_wgmma_ws_kernel<32, 2>, sizeof(WgmmaWsSharedMemoryPlan<32, 2>)};
+        return {core_wgmma_ws_kernel<32, 3>, sizeof(WgmmaWsSharedMemoryPlan<32, 3>)};
+      case 48:
+        if (stages == 2) return {core_wgmma_ws_kernel<48, 2>, sizeof(WgmmaWsSharedMemoryPlan<48, 2>)};
+        return {core_wgmma_ws_kernel<48, 3>, sizeof(WgmmaWsSharedMemoryPlan<48, 3>)};
+      case 64:
+        if (stages == 2) return {core_wgmma_ws_kernel<64, 2>, sizeof(WgmmaWsSharedMemoryPlan<64, 2>)};
+        return {core_wgmma_ws_kernel<64, 3>, sizeof(WgmmaWsSharedMemoryPlan<64, 3>)};
+      default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
+    }
+  }
   switch (tile_rows) {
     case 16:
       if (stages == 2) return {core_wgmma_kernel<16, 2, 2>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
@@ -55,7 +73,9 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   }
 }
 
-int threads_for(int kernel) { return kernel == kKernelMmaSync ? kNumThreads : kWgThreads; }
+int threads_for(int kernel) {
+  return kernel == kKernelMmaSync ? kNumThreads : kernel == kKernelWgmma ? kWgThreads : kWsThreads;
+}
 
 // Split count so that (work items x splits) CTAs fill whole waves of the machine: the smallest count
 // reaching 95 % wave efficiency, else the best one. NOTE: counted from one split up, not from "at least
@@ -121,8 +141,9 @@ CorePlan plan_core(const CoreShape& shape) {
   const int64_t requests = shape.rows / shape.q;
   if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
 
-  if (shape.kernel != 0 && shape.kernel != kKernelMmaSync && shape.kernel != kKernelWgmma) {
-    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync) or 2 (wgmma)", std::to_string(shape.kernel));
+  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaWs) {
+    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-ws)",
+                       std::to_string(shape.kernel));
   }
 
   CorePlan plan;

@@ -161,15 +161,26 @@ TEST_P(CoreTest, MatchesReference) {
     variants.push_back(v);
     v.stages = 0;
     const int planned_tile = core::plan_core(v).tile_rows;
-    for (int tile : {16, 32, 48, 64}) {
-      if (tile == planned_tile) continue;
-      v.tile_rows = tile;
+    for (int kernel : {core::kKernelWgmma, core::kKernelWgmmaWs}) {
+      v.kernel = kernel;
+      for (int tile : {16, 32, 48, 64}) {
+        if (tile == planned_tile) continue;
+        v.tile_rows = tile;
+        variants.push_back(v);
+      }
+    }
+    v.tile_rows = 0;
+    v.kernel = core::kKernelWgmmaWs;
+    for (int stages : {2, 3}) {
+      v.stages = stages;
       variants.push_back(v);
     }
   }
   for (const core::CoreShape& shape : variants) {
     const core::CorePlan plan = core::plan_core(shape);
-    const std::string variant = std::string(plan.kernel == core::kKernelMmaSync ? "mma.sync" : "wgmma") +
+    const std::string variant = std::string(plan.kernel == core::kKernelMmaSync ? "mma.sync"
+                                            : plan.kernel == core::kKernelWgmma  ? "wgmma"
+                                                                                 : "wgmma-ws") +
                                 " tile " + std::to_string(plan.tile_rows) + " stages " + std::to_string(plan.stages);
     SCOPED_TRACE(variant);
     test::DeviceBuffer<uint8_t> d_workspace(std::max<size_t>(plan.workspace_bytes, 16));
@@ -337,7 +348,8 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_GE(int64_t{big.num_splits} * big.m_tiles * 128, big.num_sms);
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 3}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 4}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaWs, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);

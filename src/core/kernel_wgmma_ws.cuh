@@ -1,0 +1,459 @@
+// The FP8 attention core, warp-specialized wgmma version (sm_90a), DESIGN.md §4.
+//
+// Grid as the wgmma kernel (x = N-tile, y = split, z = request); block: three warpgroups with their own
+// roles, so that the phases of one page overlap those of the next instead of running in lockstep:
+//   - the score warpgroup (0, kWsScoreRegisters registers): per page, waits for it, computes
+//     S^T = K·Q^T over the whole 576-long reduction for all kTileN rows (f16 wgmma m64nNk16, A = K from
+//     registers: ldmatrix of the FP8 page converted e4m3 -> f16, B = the f16 query tile), the online
+//     softmax with the lazily raised max of version 1 (one named-barrier vote among its 128 threads a
+//     page; the row max exchange only when a max is raised), and writes P^T (fp16), the rows' rescale
+//     factors and the "raised" flag into a ring of kWsPBuffers shared tiles;
+//   - the value warpgroups (1 and 2, kWsValueRegisters registers): per page, wait for its P^T, rescale
+//     O^T when a max was raised, O^T += V^T·P^T for latent dims [256(w - 1), +256) (m64nNk16 f16,
+//     A = V^T from registers as in the wgmma kernel), then refill the page's ring slot with page
+//     it + kStages: warpgroup 1 copies column blocks 0-3 and 8, warpgroup 2 blocks 4-7. NOTE: the value
+//     warpgroups are a page's last readers (the score warpgroup's Q·K^T of the page precedes its P^T), so
+//     no "page empty" barrier is needed, and each refills only blocks it read itself.
+// Each K byte is converted once (score warpgroup), each V byte once (its value warpgroup): the same
+// conversions as the wgmma kernel, without its partial swap and its two CTA barriers a page. The tensor
+// pipe runs P·V of page i while the score warpgroup does the softmax of page i + 1.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/kernel.cuh"
+#include "core/kernel_wgmma.cuh"
+#include "core/params.h"
+
+namespace mla::core {
+namespace wgmma_ws_detail {
+
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// A named barrier of `threads` threads that also returns whether any of them passed `value`.
+__device__ __forceinline__ bool named_barrier_or(uint32_t id, uint32_t threads, bool value) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(value)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// Named barriers (0 is __syncthreads).
+inline constexpr uint32_t kScoreVoteBarrier = 1;  // the score warpgroup's per-page vote
+inline constexpr uint32_t kScoreRowBarrier = 2;   // its row max / final sum exchange
+
+}  // namespace wgmma_ws_detail
+
+// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
+template <int kTileN, int kStages>
+__global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __grid_constant__ CoreParams p) {
+  using namespace detail;
+  using namespace wgmma_detail;
+  using namespace wgmma_ws_detail;
+  using Smem = WgmmaWsSharedMemoryPlan<kTileN, kStages>;
+  constexpr int kGroups = kTileN / 8;  // n8 groups of an m64 x kTileN accumulator
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+  // NOTE: the swizzle atoms assume a 1024-byte aligned base (see the wgmma kernel).
+  if ((smem_addr(smem_raw) & 1023u) != 0) __trap();
+
+  // ---- Phase 0: grid mapping ---------------------------------------------------------------------
+  // Accumulator fragments (m64nN, fp32): warp wi of a warpgroup holds M rows 16·wi + g and
+  // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
+  const int wg = threadIdx.x / 128;
+  const int wt = threadIdx.x % 128;  // thread within the warpgroup
+  const int wi = wt / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int c = lane % 4;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int request = blockIdx.z;
+  const int rows_m = p.q * p.num_heads;
+  const int64_t num_entries = int64_t{gridDim.z} * rows_m;
+  const int64_t entry0 = int64_t{request} * rows_m;
+  const int tile_row0 = tile * kTileN;
+
+  // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
+  const SplitPages range = split_pages(p, request, split);
+  const int length = range.length;
+  const int64_t total = range.total;
+  const int page_begin = range.page_begin;
+  const int my_pages = range.num_pages;
+  const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], 256);
+    for (int b = 0; b < kWsPBuffers; ++b) {
+      mbar_init(&smem.p_full[b], 128);
+      mbar_init(&smem.p_empty[b], 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
+
+  // Value warpgroup v = wg - 1 copies its column blocks of page k (v = 0: blocks 0-3 and 8, 20 chunks a
+  // row; v = 1: blocks 4-7, 16 chunks) by 16-byte cp.async into the 64-byte-swizzle layout, then one
+  // arrival per thread on the stage's mbarrier. Rows past the length are zero-filled, never read.
+  auto issue_own_blocks = [&](auto v_constant, int k) {
+    constexpr int kV = decltype(v_constant)::value;
+    constexpr int kRowChunks = kV == 0 ? 20 : 16;
+    const int stage = k % kStages;
+    const int page = page_begin + k;
+    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - int64_t{page} * kPageSize));
+    const uint8_t* src = p.cache + int64_t{pages[page]} * p.stride_cache_page;
+#pragma unroll
+    for (int i = 0; i < kPageSize * kRowChunks / 128; ++i) {
+      const int idx = wt + i * 128;
+      const int r = idx / kRowChunks;
+      const int local = idx % kRowChunks;
+      const int chunk = kV == 0 ? (local < 16 ? local : local + 16) : 16 + local;
+      uint8_t* dst =
+          smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes + (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
+      cp_async_16(dst, src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
+    }
+    cp_async_mbar_arrive(&smem.full[stage]);
+  };
+  if (wg == 1) {
+    for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_blocks(std::integral_constant<int, 0>{}, k);
+  } else if (wg == 2) {
+    for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_blocks(std::integral_constant<int, 1>{}, k);
+  }
+
+  // ---- Phase 2: the query tile as f16 into shared memory (as the wgmma kernel; rows past rows_m zero) --
+  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWsThreads) {
+    const int r = idx / kChunksPerRow;
+    const int group = idx % kChunksPerRow;
+    const int row = tile_row0 + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
+    uint4 lo, hi;
+    e4m3x16_to_f16_permuted(v, lo, hi);
+    __half* dst = &smem.q[group / 4][r][0];
+    const int chunk = 2 * (group % 4);
+    *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
+    *reinterpret_cast<uint4*>(dst + 8 * ((chunk + 1) ^ (r & 7))) = hi;
+  }
+  fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
+  __syncthreads();
+
+  const int token_a = 16 * wi + g;  // this thread's two tokens of a page (accumulator M rows)
+  const int token_b = token_a + 8;
+  constexpr float kLn2 = 0.69314718055994531f;
+  const bool direct = p.num_splits == 1;
+
+  if (wg == 0) {
+    // ==== Score warpgroup ==============================================================================
+    setmaxnreg_dec<kWsScoreRegisters>();
+    // ldmatrix.x4 lane addresses of K through the 64-byte swizzle (as the wgmma kernel).
+    const int a_token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
+    const int a_lane_row = a_token * kSw64Bytes;
+    const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+    const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+    const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);
+    constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;
+    const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
+    const float scale_log2 = p.softmax_scale_log2;
+    float m_run[kGroups][2];  // running max (base-2 logits) of rows 8j + 2c + e
+    float l_run[kGroups][2];  // this thread's share (its two tokens per page) of the softmax sums
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      m_run[j][0] = m_run[j][1] = -INFINITY;
+      l_run[j][0] = l_run[j][1] = 0.0f;
+    }
+    for (int it = 0; it < my_pages; ++it) {
+      const int stage = it % kStages;
+      const int buf = it % kWsPBuffers;
+      mbar_wait(&smem.full[stage], (it / kStages) & 1);
+
+      // S^T = K·Q^T over all 36 k16 steps: one commit group per 32-byte half block, at most two in flight.
+      float s[kTileN / 2];
+#pragma unroll
+      for (int e = 0; e < kTileN / 2; ++e) {
+        s[e] = 0.0f;
+        fence_operand(s[e]);
+      }
+      {
+        const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
+        // NOTE: opaque per page, or the compiler hoists the 64-bit descriptors out of the loop (registers).
+        const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
+#pragma unroll
+        for (int hb = 0; hb < 2 * kKeyBlocks; ++hb) {
+          const int kb = hb / 2;
+          uint32_t f[4];
+          ldmatrix_x4(f, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
+          uint32_t a[2][4];
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            a[t][0] = e4m3x2_to_f16x2(f[2 * t]);
+            a[t][1] = e4m3x2_to_f16x2(f[2 * t + 1]);
+            a[t][2] = e4m3x2_hi_to_f16x2(f[2 * t]);
+            a[t][3] = e4m3x2_hi_to_f16x2(f[2 * t + 1]);
+          }
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
+          wgmma_fence();
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            wgmma_rs<kTileN>(s, a[t], desc_q + ((kb * kQBlockBytes + ((hb % 2) * 2 + t) * 32) >> 4));
+          }
+          wgmma_commit();
+          wgmma_wait<1>();
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < kTileN / 2; ++e) fence_operand(s[e]);
+      }
+
+      // Base-2 logits, masked only on pages reaching past a causal bound or the length.
+      const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
+      const bool full_page = page_token0 + kPageSize <= length &&
+                             global_position(page_token0 + kPageSize - 1, p) <= bound_min;
+#pragma unroll
+      for (int e = 0; e < kTileN / 2; ++e) s[e] *= scale_log2;
+      if (!full_page) {
+        const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
+        const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
+        const int64_t gb = jb < length ? global_position(jb, p) : INT64_MAX;
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int mi = min(tile_row0 + 8 * j + 2 * c + e, rows_m - 1);
+            const int64_t bound = total - p.q + mi / p.num_heads;
+            if (ga > bound) s[4 * j + e] = -INFINITY;
+            if (gb > bound) s[4 * j + 2 + e] = -INFINITY;
+          }
+      }
+
+      // The P^T buffer must be free: the value warpgroups finished the page kWsPBuffers before.
+      if (it >= kWsPBuffers) mbar_wait(&smem.p_empty[buf], ((it / kWsPBuffers) - 1) & 1);
+      uint8_t* p_tile = reinterpret_cast<uint8_t*>(&smem.p[buf][0][0]);
+      auto store_p = [&](int n, float pa, float pb) {  // row n of the tile, this thread's two tokens
+        uint8_t* row = p_tile + n * (kPageSize * 2);
+        *reinterpret_cast<__half*>(row + (((token_a >> 3) ^ (n & 7)) << 4) + (token_a & 7) * 2) = __float2half_rn(pa);
+        *reinterpret_cast<__half*>(row + (((token_b >> 3) ^ (n & 7)) << 4) + (token_b & 7) * 2) = __float2half_rn(pb);
+      };
+      // P^T against the running max; only when a logit passes it by more than kLazyMaxSlack (a vote of
+      // the 128 threads, taken before any exponential) is the max raised exactly (as in version 1,
+      // kernel.cuh 3c). NOTE: voting first keeps no per-page sums beside l_run (registers at 64 rows).
+      bool raise = false;
+#pragma unroll
+      for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) raise |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m_run[j][e] + kLazyMaxSlack;
+      const bool raised = named_barrier_or(kScoreVoteBarrier, 128, raise);
+      if (!raised) {
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            // NOTE: a row with nothing visible yet keeps m = -inf and subtracts 0 (never inf - inf).
+            const float m_use = m_run[j][e] == -INFINITY ? 0.0f : m_run[j][e];
+            const float pa = ex2_ftz(s[4 * j + e] - m_use);
+            const float pb = ex2_ftz(s[4 * j + 2 + e] - m_use);
+            l_run[j][e] += pa + pb;
+            store_p(8 * j + 2 * c + e, pa, pb);
+          }
+      } else {
+        // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float mx = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            if (g == 0) smem.red[wi][8 * j + 2 * c + e] = mx;
+          }
+        named_barrier_sync(kScoreRowBarrier, 128);
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int n = 8 * j + 2 * c + e;
+            const float page_max = fmaxf(fmaxf(smem.red[0][n], smem.red[1][n]), fmaxf(smem.red[2][n], smem.red[3][n]));
+            const float m_new = fmaxf(m_run[j][e], page_max);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = ex2_ftz(m_run[j][e] - m_use);
+            m_run[j][e] = m_new;
+            const float pa = ex2_ftz(s[4 * j + e] - m_use);
+            const float pb = ex2_ftz(s[4 * j + 2 + e] - m_use);
+            l_run[j][e] = l_run[j][e] * alpha + (pa + pb);
+            store_p(n, pa, pb);
+            if (wi == 0 && g == 0) smem.alpha[buf][n] = alpha;
+          }
+      }
+      if (wt == 0) smem.raised[buf] = raised ? 1u : 0u;
+      fence_proxy_async();  // P^T is read by the value warpgroups' wgmma (the async proxy)
+      mbar_arrive(&smem.p_full[buf]);
+    }
+
+    // Final sums over the tokens (lanes g, then the 4 warps), the LSE, the sums for the value warpgroups.
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float l = l_run[j][e];
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+        if (g == 0) smem.sum_red[wi][8 * j + 2 * c + e] = l;
+      }
+    named_barrier_sync(kScoreRowBarrier, 128);
+    if (wi == 0 && g == 0) {
+#pragma unroll
+      for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = 8 * j + 2 * c + e;
+          const float sum = smem.sum_red[0][n] + smem.sum_red[1][n] + smem.sum_red[2][n] + smem.sum_red[3][n];
+          smem.row_sum[n] = sum;
+          const int row = tile_row0 + n;
+          if (row < rows_m) {
+            // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
+            const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
+            if (direct) {
+              p.lse[entry0 + row] = lse;
+            } else {
+              p.partial_lse[int64_t{split} * num_entries + entry0 + row] = lse;
+            }
+          }
+        }
+    }
+    __syncthreads();  // (E) the sums are in shared memory
+  } else {
+    // ==== Value warpgroups =============================================================================
+    setmaxnreg_inc<kWsValueRegisters>();
+    const int v = wg - 1;  // latent dims [256v, 256v + 256)
+    float o[4][kGroups * 4];  // O^T: [m64 dim tile][fragment]: dims 256·v + 4·(16·wi + 8h + g) + tile
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int e = 0; e < kGroups * 4; ++e) o[mt][e] = 0.0f;
+    // V^T fragments as in the wgmma kernel (column block 4v + wi).
+    const int v_off0 = (4 * v + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((g >> 2) ^ c) << 4) + 4 * (g & 3);
+    const int v_off1 = (4 * v + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((2 + (g >> 2)) ^ c) << 4) + 4 * (g & 3);
+    auto value_loop = [&](auto v_constant) {
+      for (int it = 0; it < my_pages; ++it) {
+        const int stage = it % kStages;
+        const int buf = it % kWsPBuffers;
+        mbar_wait(&smem.full[stage], (it / kStages) & 1);  // the other value threads' copies are visible
+        mbar_wait(&smem.p_full[buf], (it / kWsPBuffers) & 1);
+        if (smem.raised[buf] != 0) {
+#pragma unroll
+          for (int j = 0; j < kGroups; ++j) {
+            const float2 alpha = *reinterpret_cast<const float2*>(&smem.alpha[buf][8 * j + 2 * c]);
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+              o[mt][4 * j + 0] *= alpha.x;
+              o[mt][4 * j + 1] *= alpha.y;
+              o[mt][4 * j + 2] *= alpha.x;
+              o[mt][4 * j + 3] *= alpha.y;
+            }
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int e = 0; e < kGroups * 4; ++e) fence_operand(o[mt][e]);
+        const uint8_t* v_base = smem.kv[stage];
+        const uint32_t p_addr = smem_addr(&smem.p[buf][0][0]);
+#pragma unroll
+        for (int kk = 0; kk < kPageSize / 16; ++kk) {
+          const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
+          const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
+          const uint32_t w00 = *reinterpret_cast<const uint32_t*>(v0);
+          const uint32_t w01 = *reinterpret_cast<const uint32_t*>(v0 + kSw64Bytes);
+          const uint32_t w08 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kSw64Bytes);
+          const uint32_t w09 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kSw64Bytes);
+          const uint32_t w10 = *reinterpret_cast<const uint32_t*>(v1);
+          const uint32_t w11 = *reinterpret_cast<const uint32_t*>(v1 + kSw64Bytes);
+          const uint32_t w18 = *reinterpret_cast<const uint32_t*>(v1 + 8 * kSw64Bytes);
+          const uint32_t w19 = *reinterpret_cast<const uint32_t*>(v1 + 9 * kSw64Bytes);
+          uint32_t a[4][4];
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            const uint32_t selector = mt | ((4 + mt) << 4);
+            a[mt][0] = e4m3x2_to_f16x2(prmt(w00, w01, selector));
+            a[mt][1] = e4m3x2_to_f16x2(prmt(w10, w11, selector));
+            a[mt][2] = e4m3x2_to_f16x2(prmt(w08, w09, selector));
+            a[mt][3] = e4m3x2_to_f16x2(prmt(w18, w19, selector));
+          }
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
+          wgmma_fence();
+          const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) wgmma_rs<kTileN>(o[mt], a[mt], desc_p);
+          // NOTE: one group per k16 step, at most two in flight: the A registers of a group stay live
+          // until it completes, and four steps' worth (64) beside O^T (128 at 64 rows) exceed the
+          // warpgroup's budget (ptxas C7511 serializes every wgmma).
+          wgmma_commit();
+          wgmma_wait<1>();
+        }
+        // The page's V bytes are in registers (converted): refill its slot while the MMAs run.
+        if (it + kStages < my_pages) issue_own_blocks(v_constant, it + kStages);
+        // NOTE: waited in the page's own iteration (P·V in flight across the back edge serializes every
+        // wgmma: ptxas C7515, see the wgmma kernel).
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int e = 0; e < kGroups * 4; ++e) fence_operand(o[mt][e]);
+        mbar_arrive(&smem.p_empty[buf]);
+      }
+    };
+    if (v == 0) {
+      value_loop(std::integral_constant<int, 0>{});
+    } else {
+      value_loop(std::integral_constant<int, 1>{});
+    }
+    __syncthreads();  // (E) the score warpgroup's sums are in shared memory
+
+    // Stores: the thread holds dims 256·v + 64·wi + 32h + 4g + [0, 4) of rows 8j + 2c + e.
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * c + e;
+        const int row = tile_row0 + n;
+        if (row >= rows_m) continue;
+        const float sum = smem.row_sum[n];
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float scale = direct ? inv * p.k_scale : inv;
+        const int64_t entry = entry0 + row;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int dim = v * kWgDims + 64 * wi + 32 * h + 4 * g;
+          store_latent4(p, direct, split, num_entries, entry, dim, o[0][4 * j + 2 * h + e] * scale,
+                        o[1][4 * j + 2 * h + e] * scale, o[2][4 * j + 2 * h + e] * scale,
+                        o[3][4 * j + 2 * h + e] * scale);
+        }
+      }
+  }
+  griddep_launch_dependents();  // PDL: this CTA's last store is done
+}
+
+}  // namespace mla::core
