@@ -105,8 +105,14 @@ struct WgmmaSharedMemoryPlan {
 // before on the tensor cores.
 inline constexpr int kWsThreads = 384;
 inline constexpr int kWsPBuffers = 2;
-// setmaxnreg budgets: the launch gives 168 a thread (65,536 / 384, rounded down to 8); the score
-// warpgroup releases what the value warpgroups (O^T alone is 128 registers at 64 rows) take.
+// The planner takes this kernel for 32- and 48-row tiles only when a split holds at least this many pages
+// (measured slower with 2, faster with 8 or more; 4 is untested: src/core/launch.cu).
+inline constexpr int kWsMinPagesPerSplit = 4;
+// setmaxnreg budgets (multiples of 8): the launch gives 168 a thread (65,536 / 384, rounded down to 8);
+// the score warpgroup releases what the value warpgroups take. No spill up to 48 rows. At 64 rows (not
+// planned) O^T alone is 128 registers a value thread and ptxas serializes the wgmma (C7512); 120 / 192
+// removes that but measured no faster (215 vs 210 µs at 128x4k x64), and keeping the running max in
+// shared memory to free the score registers cost 7-11 % at 32 and 48 rows (src/core/README.md).
 inline constexpr int kWsScoreRegisters = 136;
 inline constexpr int kWsValueRegisters = 184;
 static_assert(kWsScoreRegisters + 2 * kWsValueRegisters <= 3 * 168, "setmaxnreg: .inc takes only what .dec released");

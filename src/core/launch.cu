@@ -25,7 +25,7 @@ struct SplitKernel {
 // Bounded dispatch on (variant, tile, ring depth): a value outside the table is an error, never a
 // fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
 // wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
-// else one CTA per SM.
+// else one CTA per SM. Warp-specialized wgmma: one CTA of 384 threads per SM.
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (kernel == kKernelMmaSync) {
     switch (stages) {
@@ -126,33 +126,15 @@ int choose_wgmma_tile(int rows_m) {
   return tiles48 <= tiles64 ? 48 : 64;
 }
 
-CorePlan plan_core(const CoreShape& shape) {
-  if (shape.q < 1 || shape.q > kMaxQueries) {
-    throw_bad_argument("CoreShape.q", "1..8", std::to_string(shape.q));
-  }
-  if (shape.heads < 1) throw_bad_argument("CoreShape.heads", ">= 1", std::to_string(shape.heads));
-  if (shape.rows < shape.q || shape.rows % shape.q != 0) {
-    throw_bad_argument("CoreShape.rows", "a positive multiple of q = " + std::to_string(shape.q),
-                       std::to_string(shape.rows));
-  }
-  if (shape.max_context < 1) {
-    throw_bad_argument("CoreShape.max_context", ">= 1", std::to_string(shape.max_context));
-  }
+namespace {
+
+// The plan of one split-kernel variant (kernel != 0); plan_core validated the shape.
+CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   const int64_t requests = shape.rows / shape.q;
-  if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
-
-  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaWs) {
-    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-ws)",
-                       std::to_string(shape.kernel));
-  }
-
+  const int rows_m = shape.q * shape.heads;
   CorePlan plan;
   plan.shape = shape;
-  // NOTE: the wgmma kernel (one CTA reads a page once for up to 64 folded rows) from 17 rows up; the
-  // mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster (128x4k x16: 148 vs
-  // 194 µs; wgmma at 128x4k x64: 398 vs 485 µs, x128: 666 vs 941 µs; bench/results/core.md).
-  const int rows_m = shape.q * shape.heads;
-  plan.kernel = shape.kernel != 0 ? shape.kernel : rows_m <= kBlockM ? kKernelMmaSync : kKernelWgmma;
+  plan.kernel = kernel_id;
   if (plan.kernel == kKernelMmaSync) {
     if (shape.tile_rows != 0 && shape.tile_rows != kBlockM) {
       throw_bad_argument("CoreShape.tile_rows", "0 or 16 for mma.sync", std::to_string(shape.tile_rows));
@@ -161,9 +143,11 @@ CorePlan plan_core(const CoreShape& shape) {
     plan.stages = shape.stages == 0 ? 2 : shape.stages;
   } else {
     plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : choose_wgmma_tile(rows_m);
-    // NOTE: 2 stages by default: 16-row tiles then run two CTAs per SM (55.9 % vs 49.5 % of copy
+    // NOTE: wgmma: 2 stages by default: 16-row tiles then run two CTAs per SM (55.9 % vs 49.5 % of copy
     // bandwidth at 128x4k x16 with 4 stages); 64-row tiles measured equal or 2 % faster with 2.
-    plan.stages = shape.stages == 0 ? 2 : shape.stages;
+    // Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal).
+    const int default_stages = plan.kernel == kKernelWgmmaWs ? 3 : 2;
+    plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
   const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages);
   const KernelFn kernel = split_kernel.fn;
@@ -200,6 +184,45 @@ CorePlan plan_core(const CoreShape& shape) {
                              ? 0
                              : static_cast<size_t>(plan.num_splits) * entries * (kKvLoraRank + 1) * sizeof(float);
   return plan;
+}
+
+}  // namespace
+
+CorePlan plan_core(const CoreShape& shape) {
+  if (shape.q < 1 || shape.q > kMaxQueries) {
+    throw_bad_argument("CoreShape.q", "1..8", std::to_string(shape.q));
+  }
+  if (shape.heads < 1) throw_bad_argument("CoreShape.heads", ">= 1", std::to_string(shape.heads));
+  if (shape.rows < shape.q || shape.rows % shape.q != 0) {
+    throw_bad_argument("CoreShape.rows", "a positive multiple of q = " + std::to_string(shape.q),
+                       std::to_string(shape.rows));
+  }
+  if (shape.max_context < 1) {
+    throw_bad_argument("CoreShape.max_context", ">= 1", std::to_string(shape.max_context));
+  }
+  const int64_t requests = shape.rows / shape.q;
+  if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
+
+  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaWs) {
+    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-ws)",
+                       std::to_string(shape.kernel));
+  }
+
+  // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
+  // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the
+  // warp-specialized wgmma kernel for 32- and 48-row N-tiles with splits of >= kWsMinPagesPerSplit
+  // pages (6-10 % faster: 128x4k x32 156.0 -> 141.3 µs, 128x4k x48 170.0 -> 157.5, 16x4k x96 62.7 ->
+  // 59.1), else the two-warpgroup one: with 2-page splits the warp-specialized kernel's serial first page
+  // (Q·K^T and softmax in one warpgroup before any P·V) measured 12-26 % slower (4x4k x12 q4: 22.5 vs
+  // 25.3 µs, 1x4k x96: 20.3 vs 25.5), and at 64-row tiles 14 % slower (183.4 vs 209.8 µs at 128x4k x64).
+  // bench/results/core.md.
+  const int rows_m = shape.q * shape.heads;
+  if (shape.kernel != 0) return plan_for_kernel(shape, shape.kernel);
+  if (rows_m <= kBlockM) return plan_for_kernel(shape, kKernelMmaSync);
+  const CorePlan wgmma = plan_for_kernel(shape, kKernelWgmma);
+  const int64_t max_pages = (shape.max_context + kPageSize - 1) / kPageSize;
+  if (wgmma.tile_rows == 64 || max_pages < int64_t{kWsMinPagesPerSplit} * wgmma.num_splits) return wgmma;
+  return plan_for_kernel(shape, kKernelWgmmaWs);
 }
 
 void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl) {

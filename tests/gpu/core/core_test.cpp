@@ -147,9 +147,9 @@ TEST_P(CoreTest, MatchesReference) {
   base_shape.max_context = spec.max_context;
   base_shape.num_splits = spec.num_splits;
 
-  // Every split-kernel variant that can run this shape: the mma.sync version, the planned wgmma one,
-  // its 3-stage ring, and each wgmma N-tile forced (padding rows of a large tile; several small
-  // tiles per request).
+  // Every split-kernel variant that can run this shape: the mma.sync version, the wgmma one at the
+  // planned tile with 2 and 3 stages, the warp-specialized one likewise, and each other N-tile forced
+  // for both wgmma kernels (padding rows of a large tile; several small tiles per request).
   std::vector<core::CoreShape> variants;
   {
     core::CoreShape v = base_shape;
@@ -353,11 +353,18 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
-  // The planned kernel: mma.sync up to 16 folded rows (H·q), wgmma above.
+  // The planned kernel: mma.sync up to 16 folded rows (H·q), then warp-specialized wgmma for 32- and
+  // 48-row N-tiles when splits hold kWsMinPagesPerSplit pages or more, else the two-warpgroup wgmma kernel.
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1}).kernel, core::kKernelMmaSync);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 1}).kernel, core::kKernelMmaSync);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).kernel, core::kKernelWgmma);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 96, .q = 1}).kernel, core::kKernelWgmma);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).kernel, core::kKernelWgmmaWs);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).stages, 3);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 96, .q = 1}).kernel, core::kKernelWgmmaWs);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1}).kernel, core::kKernelWgmma);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1}).kernel, core::kKernelWgmma);
+  // ... unless its splits would be short (4 requests of 4k in 2-page splits): the two-warpgroup kernel.
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 4096}).kernel, core::kKernelWgmma);
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 1 << 16}).kernel, core::kKernelWgmmaWs);
   // The planned wgmma tile (choose_wgmma_tile; its rule is tested on the CPU).
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
