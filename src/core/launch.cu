@@ -210,12 +210,12 @@ CorePlan plan_core(const CoreShape& shape) {
 
   // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
   // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the
-  // warp-specialized wgmma kernel for 32- and 48-row N-tiles with splits of >= kWsMinPagesPerSplit
-  // pages (6-10 % faster: 128x4k x32 156.0 -> 141.3 µs, 128x4k x48 170.0 -> 157.5, 16x4k x96 62.7 ->
-  // 59.1), else the two-warpgroup one: with 2-page splits the warp-specialized kernel's serial first page
-  // (Q·K^T and softmax in one warpgroup before any P·V) measured 12-26 % slower (4x4k x12 q4: 22.5 vs
-  // 25.3 µs, 1x4k x96: 20.3 vs 25.5), and at 64-row tiles 14 % slower (183.4 vs 209.8 µs at 128x4k x64).
-  // bench/results/core.md.
+  // warp-specialized wgmma kernel for 32- and 48-row N-tiles whose splits hold >= kWsMinPagesPerSplit
+  // pages, else the two-warpgroup one. Alone it is 6-10 % faster at 32/48 rows with long splits
+  // (128x4k x32 156.0 -> 141.3 µs, 128x4k x48 170.0 -> 157.5); in the whole step it won 3-6 % from 32 pages a
+  // split (64x32k x96 1296 -> 1215 µs) and lost 3-14 % with 2-8 (4x32k x12 q4, 4 pages: 43.5 -> 49.6): its first
+  // page is serial (one warpgroup's Q·K^T and softmax before any P·V). At 64-row tiles it is 14 % slower
+  // (183.4 vs 209.8 µs at 128x4k x64). bench/results/core.md, step.md.
   const int rows_m = shape.q * shape.heads;
   if (shape.kernel != 0) return plan_for_kernel(shape, shape.kernel);
   if (rows_m <= kBlockM) return plan_for_kernel(shape, kKernelMmaSync);
