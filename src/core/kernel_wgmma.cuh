@@ -113,6 +113,52 @@ __device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
+// The f16 A fragments (m64nNk16, A = K, tokens on M) of one 32-byte half block of an FP8 page: ldmatrix.x4
+// of the bytes at `k_lane` (this lane's row and chunk through the 64-byte swizzle), each register converted
+// exactly into two f16x2 registers; a[t] feeds k16 step t of the half block.
+__device__ __forceinline__ void k_half_block_fragments(uint32_t (&a)[2][4], const uint8_t* k_lane) {
+  uint32_t f[4];  // FP8 K fragments of the half block's two 16-byte chunks
+  detail::ldmatrix_x4(f, k_lane);
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    a[t][0] = detail::e4m3x2_to_f16x2(f[2 * t]);
+    a[t][1] = detail::e4m3x2_to_f16x2(f[2 * t + 1]);
+    a[t][2] = detail::e4m3x2_hi_to_f16x2(f[2 * t]);
+    a[t][3] = detail::e4m3x2_hi_to_f16x2(f[2 * t + 1]);
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
+}
+
+// The f16 A fragments (m64nNk16, A = V^T, latent dims on M) of one k16 step of tokens: 32-bit shared loads
+// of the FP8 bytes at v0 / v1 (this thread's two dim groups, tokens 2c, 2c + 1, 2c + 8, 2c + 9 in the rows
+// of the 64-byte swizzle), byte-permuted and converted exactly; a[mt] feeds m64 dim tile mt.
+__device__ __forceinline__ void vt_fragments(uint32_t (&a)[4][4], const uint8_t* v0, const uint8_t* v1) {
+  // [h][token 2c, 2c + 1, 2c + 8, 2c + 9]
+  const uint32_t w00 = *reinterpret_cast<const uint32_t*>(v0);
+  const uint32_t w01 = *reinterpret_cast<const uint32_t*>(v0 + kSw64Bytes);
+  const uint32_t w08 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kSw64Bytes);
+  const uint32_t w09 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kSw64Bytes);
+  const uint32_t w10 = *reinterpret_cast<const uint32_t*>(v1);
+  const uint32_t w11 = *reinterpret_cast<const uint32_t*>(v1 + kSw64Bytes);
+  const uint32_t w18 = *reinterpret_cast<const uint32_t*>(v1 + 8 * kSw64Bytes);
+  const uint32_t w19 = *reinterpret_cast<const uint32_t*>(v1 + 9 * kSw64Bytes);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    const uint32_t selector = mt | ((4 + mt) << 4);  // byte mt of the two words, the lower token first
+    a[mt][0] = detail::e4m3x2_to_f16x2(detail::prmt(w00, w01, selector));  // row g,     tokens 2c, 2c + 1
+    a[mt][1] = detail::e4m3x2_to_f16x2(detail::prmt(w10, w11, selector));  // row g + 8, tokens 2c, 2c + 1
+    a[mt][2] = detail::e4m3x2_to_f16x2(detail::prmt(w08, w09, selector));  // row g,     tokens 2c + 8, 2c + 9
+    a[mt][3] = detail::e4m3x2_to_f16x2(detail::prmt(w18, w19, selector));  // row g + 8, tokens 2c + 8, 2c + 9
+  }
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
+}
+
 }  // namespace wgmma_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
@@ -262,20 +308,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
         constexpr int kHalfBlocks = 2 * kKeyBlocks;  // 18
         const int hb = kWg * (kHalfBlocks / 2) + i;
         const int kb = hb / 2;
-        uint32_t f[4];  // FP8 K fragments of the half block's two 16-byte chunks
-        ldmatrix_x4(f, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
         uint32_t a[2][4];  // f16 A fragments of its two k16 steps
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          a[t][0] = e4m3x2_to_f16x2(f[2 * t]);
-          a[t][1] = e4m3x2_to_f16x2(f[2 * t + 1]);
-          a[t][2] = e4m3x2_hi_to_f16x2(f[2 * t]);
-          a[t][3] = e4m3x2_hi_to_f16x2(f[2 * t + 1]);
-        }
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
+        k_half_block_fragments(a, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
         wgmma_fence();
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
@@ -439,28 +473,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     for (int kk = 0; kk < kPageSize / 16; ++kk) {
       const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
       const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
-      // [h][token 2c, 2c + 1, 2c + 8, 2c + 9]
-      const uint32_t w00 = *reinterpret_cast<const uint32_t*>(v0);
-      const uint32_t w01 = *reinterpret_cast<const uint32_t*>(v0 + kSw64Bytes);
-      const uint32_t w08 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kSw64Bytes);
-      const uint32_t w09 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kSw64Bytes);
-      const uint32_t w10 = *reinterpret_cast<const uint32_t*>(v1);
-      const uint32_t w11 = *reinterpret_cast<const uint32_t*>(v1 + kSw64Bytes);
-      const uint32_t w18 = *reinterpret_cast<const uint32_t*>(v1 + 8 * kSw64Bytes);
-      const uint32_t w19 = *reinterpret_cast<const uint32_t*>(v1 + 9 * kSw64Bytes);
       uint32_t a[4][4];  // [m64 dim tile mt = byte of the word][A fragment register]
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        const uint32_t selector = mt | ((4 + mt) << 4);  // byte mt of the two words, the lower token first
-        a[mt][0] = e4m3x2_to_f16x2(prmt(w00, w01, selector));  // row g,     tokens 2c, 2c + 1
-        a[mt][1] = e4m3x2_to_f16x2(prmt(w10, w11, selector));  // row g + 8, tokens 2c, 2c + 1
-        a[mt][2] = e4m3x2_to_f16x2(prmt(w08, w09, selector));  // row g,     tokens 2c + 8, 2c + 9
-        a[mt][3] = e4m3x2_to_f16x2(prmt(w18, w19, selector));  // row g + 8, tokens 2c + 8, 2c + 9
-      }
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
+      vt_fragments(a, v0, v1);
       wgmma_fence();  // the A registers (and, at kk = 0, the rescaled accumulators) are written
       const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
 #pragma unroll

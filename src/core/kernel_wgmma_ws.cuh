@@ -198,20 +198,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
 #pragma unroll
         for (int hb = 0; hb < 2 * kKeyBlocks; ++hb) {
           const int kb = hb / 2;
-          uint32_t f[4];
-          ldmatrix_x4(f, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
           uint32_t a[2][4];
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            a[t][0] = e4m3x2_to_f16x2(f[2 * t]);
-            a[t][1] = e4m3x2_to_f16x2(f[2 * t + 1]);
-            a[t][2] = e4m3x2_hi_to_f16x2(f[2 * t]);
-            a[t][3] = e4m3x2_hi_to_f16x2(f[2 * t + 1]);
-          }
-#pragma unroll
-          for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) fence_operand(a[t][r]);
+          k_half_block_fragments(a, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
           wgmma_fence();
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
@@ -382,27 +370,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
         for (int kk = 0; kk < kPageSize / 16; ++kk) {
           const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
           const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
-          const uint32_t w00 = *reinterpret_cast<const uint32_t*>(v0);
-          const uint32_t w01 = *reinterpret_cast<const uint32_t*>(v0 + kSw64Bytes);
-          const uint32_t w08 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kSw64Bytes);
-          const uint32_t w09 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kSw64Bytes);
-          const uint32_t w10 = *reinterpret_cast<const uint32_t*>(v1);
-          const uint32_t w11 = *reinterpret_cast<const uint32_t*>(v1 + kSw64Bytes);
-          const uint32_t w18 = *reinterpret_cast<const uint32_t*>(v1 + 8 * kSw64Bytes);
-          const uint32_t w19 = *reinterpret_cast<const uint32_t*>(v1 + 9 * kSw64Bytes);
           uint32_t a[4][4];
-#pragma unroll
-          for (int mt = 0; mt < 4; ++mt) {
-            const uint32_t selector = mt | ((4 + mt) << 4);
-            a[mt][0] = e4m3x2_to_f16x2(prmt(w00, w01, selector));
-            a[mt][1] = e4m3x2_to_f16x2(prmt(w10, w11, selector));
-            a[mt][2] = e4m3x2_to_f16x2(prmt(w08, w09, selector));
-            a[mt][3] = e4m3x2_to_f16x2(prmt(w18, w19, selector));
-          }
-#pragma unroll
-          for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
+          vt_fragments(a, v0, v1);
           wgmma_fence();
           const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
 #pragma unroll
