@@ -135,8 +135,12 @@ struct WgmmaWsSharedMemoryPlan {
 
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).
 inline constexpr int kMaxSplits = 1024;
-// Combine kernel: one CTA per (entry, 128-dim chunk); its warps take the splits round-robin.
-inline constexpr int kCombineWarps = 8;
+// Combine kernel: a group of warps_per_entry warps per (entry, 128-dim chunk) takes the request's nonempty
+// splits round-robin, each warp with kCombineLoadsInFlight latent rows in flight; a CTA holds
+// max(warps_per_entry, kCombineMinWarps) warps (launch.cu picks warps_per_entry from the split count).
+inline constexpr int kCombineMaxWarps = 16;
+inline constexpr int kCombineMinWarps = 4;
 inline constexpr int kCombineDims = 128;
+inline constexpr int kCombineLoadsInFlight = 8;
 
 }  // namespace mla::core

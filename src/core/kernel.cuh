@@ -173,6 +173,16 @@ __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int reque
   return s;
 }
 
+// Splits of a request of `length` tokens that hold pages: ceil(pages / pages_per_split), the first ones.
+// The split count is planned for max_context, so a short request leaves the others empty; with more than
+// one split they write nothing and the combine reads none of them.
+__device__ __forceinline__ int nonempty_splits(int length, int num_splits) {
+  const int pages = (length + kPageSize - 1) / kPageSize;
+  if (pages == 0) return 0;
+  const int pages_per_split = (pages + num_splits - 1) / num_splits;
+  return (pages + pages_per_split - 1) / pages_per_split;
+}
+
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
 // lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
@@ -256,6 +266,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int64_t total = range.total;
   const int page_begin = range.page_begin;
   const int my_pages = range.num_pages;
+  if (my_pages == 0 && p.num_splits > 1) return;  // an empty split writes nothing (nonempty_splits)
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
   const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;
@@ -586,48 +597,85 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 }
 
 // ---- Combine: merge the splits' partials by LSE (DESIGN.md §4, split-KV) -------------------------
-// Grid: x = entry (row, head), y = 128-dim chunk. Block: kCombineWarps warps; warp w takes splits
-// w, w + kCombineWarps, ...; lane holds 4 dims. An empty split (lse = -inf) weighs exactly 0.
-__global__ void __launch_bounds__(kCombineWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
-  __shared__ float4 partial_sums[kCombineWarps][32];
+// A group of p.warps_per_entry warps merges one (entry, 128-dim chunk): warp w of the group takes the
+// request's nonempty splits w, w + G, ... (G = warps_per_entry), eight loads in flight, lane holds 4 dims;
+// the group's first warp sums the G partial sums. Block: max(G, kCombineMinWarps) warps; grid: x = the
+// groups (entries * 4) over the groups of a block.
+// Splits past nonempty_splits() are never read (they wrote nothing); a nonempty split whose rows see no
+// token has lse -inf and weighs exactly 0; no nonempty split => latent 0 and lse -inf.
+__global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
+  __shared__ float4 partial_sums[kCombineMaxWarps][32];
+  constexpr int kChunks = kKvLoraRank / kCombineDims;
+  constexpr int kLoadsInFlight = kCombineLoadsInFlight;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t entry = blockIdx.x;
-  const int dim = blockIdx.y * kCombineDims + lane * 4;
+  const int group_warp = warp % p.warps_per_entry;
+  const int groups_per_block = static_cast<int>(blockDim.x / 32) / p.warps_per_entry;
+  const int64_t group = int64_t{blockIdx.x} * groups_per_block + warp / p.warps_per_entry;
+  const bool active = group < p.num_entries * kChunks;
+  const int64_t entry = active ? group / kChunks : 0;
+  const int dim = static_cast<int>(group % kChunks) * kCombineDims + lane * 4;
+
+  // Host-written metadata: read before the PDL wait.
+  const int request = static_cast<int>(entry / p.entries_per_request);
+  const int length = active && request < p.num_requests ? p.lengths[request] : 0;
+  const int splits = detail::nonempty_splits(length, p.num_splits);
+  const float* lse_of_entry = p.partial_lse + entry;  // split s at [s * num_entries]
 
   detail::griddep_wait();  // the partials come from the split kernel
 
-  // Phase 1: max and sum of exp over the splits' LSEs (every warp redundantly: no block barrier).
-  float max_lse = -INFINITY;
-  for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.partial_lse[s * p.num_entries + entry]);
+  // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
+  float max_lse = -INFINITY, sum = 0.0f;
+  for (int s = lane; s < splits; s += 32) {
+    const float x = lse_of_entry[s * p.num_entries];
+    if (x > max_lse) {
+      sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
+      max_lse = x;
+    } else if (x != -INFINITY) {
+      sum += __expf(x - max_lse);
+    }
+  }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, off));
+  for (int off = 16; off > 0; off >>= 1) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, off);
+    const float m = fmaxf(max_lse, other_max);
+    sum = m == -INFINITY ? 0.0f : sum * __expf(max_lse - m) + other_sum * __expf(other_max - m);
+    max_lse = m;
+  }
   const float base = max_lse == -INFINITY ? 0.0f : max_lse;
-  float sum = 0.0f;
-  for (int s = lane; s < p.num_splits; s += 32) sum += __expf(p.partial_lse[s * p.num_entries + entry] - base);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
 
-  // Phase 2: this warp's splits, weighted.
+  // Phase 2: this warp's splits, weighted; kLoadsInFlight latent rows requested before the first is used.
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int s = warp; s < p.num_splits; s += kCombineWarps) {
-    const float weight = __expf(p.partial_lse[s * p.num_entries + entry] - base);  // -inf -> 0
-    const float4 v = *reinterpret_cast<const float4*>(p.partial_latent + (s * p.num_entries + entry) * kKvLoraRank + dim);
-    acc.x += weight * v.x;
-    acc.y += weight * v.y;
-    acc.z += weight * v.z;
-    acc.w += weight * v.w;
+  const float* latent_of_entry = p.partial_latent + entry * kKvLoraRank + dim;  // split s at [s * entries * 512]
+  const int64_t split_stride = p.num_entries * kKvLoraRank;
+  for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
+    float lse[kLoadsInFlight];
+    float4 v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int s = s0 + u * p.warps_per_entry;
+      lse[u] = s < splits ? lse_of_entry[s * p.num_entries] : -INFINITY;
+      v[u] = s < splits ? *reinterpret_cast<const float4*>(latent_of_entry + s * split_stride)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const float weight = __expf(lse[u] - base);  // -inf -> 0
+      acc.x += weight * v[u].x;
+      acc.y += weight * v[u].y;
+      acc.z += weight * v[u].z;
+      acc.w += weight * v[u].w;
+    }
   }
   partial_sums[warp][lane] = acc;
   __syncthreads();
 
-  // Phase 3: reduce across warps, scale, store.
-  if (warp == 0) {
-    float4 total = partial_sums[0][lane];
-#pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) {
-      const float4 v = partial_sums[w][lane];
+  // Phase 3: the group's first warp sums its warps, scales, stores.
+  if (active && group_warp == 0) {
+    float4 total = acc;
+    for (int w = 1; w < p.warps_per_entry; ++w) {
+      const float4 v = partial_sums[warp + w][lane];
       total.x += v.x;
       total.y += v.y;
       total.z += v.z;
@@ -640,7 +688,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) core_combine_kernel(const 
     packed.x = *reinterpret_cast<uint32_t*>(&lo);
     packed.y = *reinterpret_cast<uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-    if (blockIdx.y == 0 && lane == 0) p.lse[entry] = sum > 0.0f ? base + logf(sum) : -INFINITY;
+    if (dim == 0) p.lse[entry] = sum > 0.0f ? base + logf(sum) : -INFINITY;
   }
   detail::griddep_launch_dependents();
 }

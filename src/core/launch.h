@@ -45,6 +45,9 @@ struct CorePlan {
   dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
+  int combine_warps_per_entry = 1;  // combine kernel: warps per (entry, 128-dim chunk)
+  dim3 combine_grid;                // combine kernel grid and block (unused when num_splits == 1)
+  dim3 combine_block;
 };
 
 // The wgmma kernel's planned N-tile for a request's q*heads rows: the smallest tile holding them, and

@@ -37,10 +37,14 @@ struct CoreParams {
 };
 
 struct CombineParams {
-  const float* partial_latent = nullptr;  // [num_splits, rows, heads, 512]
-  const float* partial_lse = nullptr;     // [num_splits, rows, heads]
+  const float* partial_latent = nullptr;  // [num_splits, rows, heads, 512]; only nonempty splits written
+  const float* partial_lse = nullptr;     // [num_splits, rows, heads]; likewise
+  const int32_t* lengths = nullptr;       // [num_requests] local tokens: which splits hold pages
+  int num_requests = 0;                   // requests present in lengths; the others are padding (empty)
+  int entries_per_request = 1;            // q * heads
   int64_t num_entries = 0;                // rows * heads
   int num_splits = 1;
+  int warps_per_entry = 1;                // warps merging one (entry, 128-dim chunk): 1..kCombineMaxWarps, a power of 2
   float k_scale = 1;                      // multiplies the merged latent
   void* latent = nullptr;                 // [rows, heads, 512] bf16
   float* lse = nullptr;                   // [rows, heads] fp32 natural log
