@@ -6,6 +6,7 @@
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
+//              [--max-context TOKENS]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
@@ -16,6 +17,9 @@
 // (4.7 MB, L2-resident), so the same kernels run without DRAM latency or bandwidth in the way; its time
 // against the normal run's says how much of a shape's time is waiting for memory (the % copy column
 // then counts bytes the kernel read from L2).
+// --max-context plans the split count (and kernel) for that many tokens instead of each shape's own longest request, as
+// PreparedMla does for a deployment's longest sequence (its default 1 << 17): a short request then fills only its first
+// splits (the others exit at once), which is the core's cost inside `step_bench`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -125,7 +129,7 @@ double max_lse_diff(const float* a, const float* b, int64_t n) {
 constexpr int64_t kL2ResidentPages = 128;
 
 Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock,
-                   bool l2_resident) {
+                   bool l2_resident, int64_t max_context) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -163,7 +167,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   shape.rows = rows;
   shape.heads = s.heads;
   shape.q = s.q;
-  shape.max_context = max_length;
+  shape.max_context = std::max<int64_t>(max_length, max_context);
   shape.kernel = variant.kernel;
   shape.stages = variant.stages;
   shape.tile_rows = variant.tile_rows;
@@ -235,6 +239,7 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   std::vector<int> split_counts;
   bool small_batch = false, with_stock = false, l2_resident = false;
+  int64_t max_context = 0;  // 0: each shape's longest request
   std::vector<Shape> chosen_shapes;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
@@ -258,6 +263,9 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
+    } else if (!std::strcmp(argv[i], "--max-context") && i + 1 < argc) {
+      max_context = std::atoll(argv[++i]);
+      known = max_context >= 1;
     } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
       Shape s{};
       char varlen = 0, extra = 0;
@@ -271,7 +279,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...] [--small-batch] [--splits N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS]\n",
                    argv[i]);
       return 2;
     }
@@ -306,13 +314,18 @@ int main(int argc, char** argv) {
                   prop.name, prop.multiProcessorCount, copy_gbs);
     table += line;
     if (l2_resident) table += "**--l2-resident: a diagnostic, every page read from a 128-page L2-resident pool.**\n\n";
+    if (max_context > 0) {
+      std::snprintf(line, sizeof line, "Splits planned for max_context = %lld tokens (--max-context).\n\n",
+                    static_cast<long long>(max_context));
+      table += line;
+    }
     table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |";
     table += with_stock ? " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |\n" : "\n";
     table += with_stock ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, l2_resident);
+          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, l2_resident, max_context);
           std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
                         r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : r.kernel == mla::core::kKernelWgmma ? "wgmma" : "wgmma-ws", r.tile_rows, r.stages,
