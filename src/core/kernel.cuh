@@ -152,13 +152,35 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// A CTA's pages of its request: whole pages, pages_per_split = ceil(pages / num_splits) (the
-// reference's rule). Reads host-written metadata only (lengths, totals), so it runs before the PDL wait.
+// The split rule shared by the split kernels and the combine: whole pages, pages_per_split =
+// ceil(pages / num_splits) (the reference's rule), so a request's pages fill its first splits.
+struct SplitRule {
+  int pages = 0;            // the request's pages
+  int pages_per_split = 0;  // 0 when it has none
+};
+__device__ __forceinline__ SplitRule split_rule(int length, int num_splits) {
+  SplitRule r;
+  r.pages = (length + kPageSize - 1) / kPageSize;
+  r.pages_per_split = (r.pages + num_splits - 1) / num_splits;
+  return r;
+}
+
+// Splits of a request of `length` tokens that hold pages: ceil(pages / pages_per_split), the first ones.
+// The split count is planned for max_context, so a short request leaves the others empty; with more than
+// one split they write nothing (SplitPages::writes_nothing) and the combine reads none of them.
+__device__ __forceinline__ int nonempty_splits(int length, int num_splits) {
+  const SplitRule r = split_rule(length, num_splits);
+  return r.pages == 0 ? 0 : (r.pages + r.pages_per_split - 1) / r.pages_per_split;
+}
+
+// A CTA's pages of its request (split_rule). Reads host-written metadata only (lengths, totals), so it
+// runs before the PDL wait.
 struct SplitPages {
-  int length = 0;      // the request's (local) length; 0 for padded requests
-  int64_t total = 0;   // its global length (DCP), = length without DCP
-  int page_begin = 0;  // first page of this split
-  int num_pages = 0;   // pages of this split (0 for an empty split)
+  int length = 0;              // the request's (local) length; 0 for padded requests
+  int64_t total = 0;           // its global length (DCP), = length without DCP
+  int page_begin = 0;          // first page of this split
+  int num_pages = 0;           // pages of this split (0 for an empty split)
+  bool writes_nothing = false; // empty, and merged by the combine (> 1 split): the CTA exits at once
 };
 __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int request, int split) {
   SplitPages s;
@@ -166,21 +188,12 @@ __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int reque
     s.length = p.lengths[request];
     s.total = p.totals != nullptr ? p.totals[request] : s.length;
   }
-  const int pages = (s.length + kPageSize - 1) / kPageSize;
-  const int pages_per_split = (pages + p.num_splits - 1) / p.num_splits;
-  s.page_begin = min(split * pages_per_split, pages);
-  s.num_pages = min(s.page_begin + pages_per_split, pages) - s.page_begin;
+  const SplitRule r = split_rule(s.length, p.num_splits);
+  s.page_begin = min(split * r.pages_per_split, r.pages);
+  s.num_pages = min(s.page_begin + r.pages_per_split, r.pages) - s.page_begin;
+  // With one split the request's latent is the output, so an empty request still writes its zeros / -inf.
+  s.writes_nothing = s.num_pages == 0 && p.num_splits > 1;
   return s;
-}
-
-// Splits of a request of `length` tokens that hold pages: ceil(pages / pages_per_split), the first ones.
-// The split count is planned for max_context, so a short request leaves the others empty; with more than
-// one split they write nothing and the combine reads none of them.
-__device__ __forceinline__ int nonempty_splits(int length, int num_splits) {
-  const int pages = (length + kPageSize - 1) / kPageSize;
-  if (pages == 0) return 0;
-  const int pages_per_split = (pages + num_splits - 1) / num_splits;
-  return (pages + pages_per_split - 1) / pages_per_split;
 }
 
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
@@ -266,7 +279,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int64_t total = range.total;
   const int page_begin = range.page_begin;
   const int my_pages = range.num_pages;
-  if (my_pages == 0 && p.num_splits > 1) return;  // an empty split writes nothing (nonempty_splits)
+  if (range.writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
   const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int64_t total = range.total;
   const int page_begin = range.page_begin;
   const int my_pages = range.num_pages;
-  if (my_pages == 0 && p.num_splits > 1) return;  // an empty split writes nothing (nonempty_splits)
+  if (range.writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
 

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   const int64_t total = range.total;
   const int page_begin = range.page_begin;
   const int my_pages = range.num_pages;
-  if (my_pages == 0 && p.num_splits > 1) return;  // an empty split writes nothing (nonempty_splits)
+  if (range.writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
 
   if (threadIdx.x == 0) {
