@@ -154,6 +154,9 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // The split rule shared by the split kernels and the combine: whole pages, pages_per_split =
 // ceil(pages / num_splits) (the reference's rule), so a request's pages fill its first splits.
+// NOTE: a request shorter than max_context gets one-page splits; a floor of two pages a split at run time
+// measured slower where the splits are few (1 x 4k x 12 planned for 128k: 64 one-page splits 9.2 µs, 32
+// two-page ones 11.1; src/core/README.md, 2026-12-05).
 struct SplitRule {
   int pages = 0;            // the request's pages
   int pages_per_split = 0;  // 0 when it has none
@@ -614,8 +617,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 // request's nonempty splits w, w + G, ... (G = warps_per_entry), eight loads in flight, lane holds 4 dims;
 // the group's first warp sums the G partial sums. Block: max(G, kCombineMinWarps) warps; grid: x = the
 // groups (entries * 4) over the groups of a block.
-// Splits past nonempty_splits() are never read (they wrote nothing); a nonempty split whose rows see no
-// token has lse -inf and weighs exactly 0; no nonempty split => latent 0 and lse -inf.
+// Splits past nonempty_splits() wrote nothing: only the first round of loads may read them (inside the
+// workspace) and drops them by a select; a nonempty split whose rows see no token has lse -inf and weighs
+// exactly 0; no nonempty split => latent 0 and lse -inf.
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
   constexpr int kChunks = kKvLoraRank / kCombineDims;
@@ -637,17 +641,39 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
 
   detail::griddep_wait();  // the partials come from the split kernel
 
+  // NOTE: the first round of loads (a split per lane for phase 1, kLoadsInFlight latent rows per warp for
+  // phase 2) is issued for the planned splits (< num_splits: inside the workspace) without waiting for
+  // `splits`, i.e. for the lengths load above: that load would otherwise sit in series between the split
+  // kernel's end and the first partial (~1 µs at 1 x 4k). A split past `splits` wrote nothing this step:
+  // its values are dropped by a select, never weighted by 0 (they may be NaN).
+  const float* latent_of_entry = p.partial_latent + entry * kKvLoraRank + dim;  // split s at [s * entries * 512]
+  const int64_t split_stride = p.num_entries * kKvLoraRank;
+  float round_lse[kLoadsInFlight];
+  float4 round_v[kLoadsInFlight];
+  auto load_round = [&](int s0, int bound) {  // this warp's splits s0 + u·G below `bound`
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int s = s0 + u * p.warps_per_entry;
+      round_lse[u] = s < bound ? lse_of_entry[s * p.num_entries] : -INFINITY;
+      round_v[u] = s < bound ? *reinterpret_cast<const float4*>(latent_of_entry + s * split_stride)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  const float first_lse = lane < p.num_splits ? lse_of_entry[lane * p.num_entries] : -INFINITY;
+  load_round(group_warp, p.num_splits);
+
   // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
   float max_lse = -INFINITY, sum = 0.0f;
-  for (int s = lane; s < splits; s += 32) {
-    const float x = lse_of_entry[s * p.num_entries];
+  auto add_lse = [&](float x) {
     if (x > max_lse) {
       sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
       max_lse = x;
     } else if (x != -INFINITY) {
       sum += __expf(x - max_lse);
     }
-  }
+  };
+  add_lse(lane < splits ? first_lse : -INFINITY);
+  for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[s * p.num_entries]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
@@ -658,27 +684,20 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   }
   const float base = max_lse == -INFINITY ? 0.0f : max_lse;
 
-  // Phase 2: this warp's splits, weighted; kLoadsInFlight latent rows requested before the first is used.
+  // Phase 2: this warp's splits, weighted, a round of kLoadsInFlight latent rows at a time (the first
+  // loaded above).
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* latent_of_entry = p.partial_latent + entry * kKvLoraRank + dim;  // split s at [s * entries * 512]
-  const int64_t split_stride = p.num_entries * kKvLoraRank;
   for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
-    float lse[kLoadsInFlight];
-    float4 v[kLoadsInFlight];
+    if (s0 != group_warp) load_round(s0, splits);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int s = s0 + u * p.warps_per_entry;
-      lse[u] = s < splits ? lse_of_entry[s * p.num_entries] : -INFINITY;
-      v[u] = s < splits ? *reinterpret_cast<const float4*>(latent_of_entry + s * split_stride)
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const float weight = __expf(lse[u] - base);  // -inf -> 0
-      acc.x += weight * v[u].x;
-      acc.y += weight * v[u].y;
-      acc.z += weight * v[u].z;
-      acc.w += weight * v[u].w;
+      const bool nonempty = s0 + u * p.warps_per_entry < splits;
+      const float weight = nonempty ? __expf(round_lse[u] - base) : 0.0f;  // -inf -> 0
+      const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
+      acc.x += weight * v.x;
+      acc.y += weight * v.y;
+      acc.z += weight * v.z;
+      acc.w += weight * v.w;
     }
   }
   partial_sums[warp][lane] = acc;
