@@ -159,6 +159,56 @@ __device__ __forceinline__ void vt_fragments(uint32_t (&a)[4][4], const uint8_t*
     for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
 }
 
+// This thread's byte offsets (v0, v1 of vt_fragments) into a page for latent dims 256·w + 64·wi + 32h + 4g
+// (h = 0, 1) of tokens 2c, 2c + 1, 2c + 8, 2c + 9: the 32-bit word of those dims of token t sits in column
+// block 4·w + wi, chunk (2h + g / 4) ^ ((t >> 1) & 3) = (2h + g / 4) ^ c; k16 step kk adds 16 rows.
+struct VtLaneOffsets {
+  int v0;
+  int v1;
+};
+__device__ __forceinline__ VtLaneOffsets vt_lane_offsets(int w, int wi, int g, int c) {
+  const int row = (4 * w + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + 4 * (g & 3);
+  return {row + (((g >> 2) ^ c) << 4), row + (((2 + (g >> 2)) ^ c) << 4)};
+}
+
+// Issues (does not commit) O^T += V^T·P^T for k16 step kk of a page (tokens 16kk .. 16kk + 15): the A
+// fragments of the page at `page` (vt_fragments), B = the P^T tile at shared address p_addr (128-byte
+// swizzle, kPageSize f16 a row), one m64nNk16 wgmma per m64 dim tile.
+template <int kTileN>
+__device__ __forceinline__ void issue_pv_step(float (&o)[4][kTileN / 2], const uint8_t* page, VtLaneOffsets off,
+                                              uint32_t p_addr, int kk) {
+  uint32_t a[4][4];  // [m64 dim tile mt = byte of the word][A fragment register]
+  vt_fragments(a, page + kk * 16 * kSw64Bytes + off.v0, page + kk * 16 * kSw64Bytes + off.v1);
+  wgmma_fence();  // the A registers (and, at kk = 0, the rescaled accumulators) are written
+  const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) wgmma_rs<kTileN>(o[mt], a[mt], desc_p);
+}
+
+// O^T columns (attention rows) times their page's rescale factor: the thread's rows 8j + 2c and 8j + 2c + 1.
+template <int kTileN>
+__device__ __forceinline__ void rescale_rows(float (&o)[4][kTileN / 2], const float* alpha_of_row, int c) {
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+    const float2 alpha = *reinterpret_cast<const float2*>(&alpha_of_row[8 * j + 2 * c]);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      o[mt][4 * j + 0] *= alpha.x;
+      o[mt][4 * j + 1] *= alpha.y;
+      o[mt][4 * j + 2] *= alpha.x;
+      o[mt][4 * j + 3] *= alpha.y;
+    }
+  }
+}
+
+template <int kTileN>
+__device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int e = 0; e < kTileN / 2; ++e) fence_operand(o[mt][e]);
+}
+
 }  // namespace wgmma_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
@@ -269,10 +319,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const float scale_log2 = p.softmax_scale_log2;
   const int token_a = 16 * wi + g;  // this thread's two tokens of a page (S^T rows)
   const int token_b = token_a + 8;
-  // V^T fragments: the 32-bit word of dims 256·wg + 64·wi + 32h + 4g of token t sits in column block
-  // 4·wg + wi, chunk (2h + g / 4) ^ ((t >> 1) & 3) = (2h + g / 4) ^ c for the tokens 16kk + 2c + {0, 1, 8, 9}.
-  const int v_off0 = (4 * wg + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((g >> 2) ^ c) << 4) + 4 * (g & 3);
-  const int v_off1 = (4 * wg + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((2 + (g >> 2)) ^ c) << 4) + 4 * (g & 3);
+  const VtLaneOffsets v_off = vt_lane_offsets(wg, wi, g, c);  // V^T fragments of this warpgroup's dims
 
   // ---- Phase 3: the page loop ------------------------------------------------------------------
   for (int it = 0; it < my_pages; ++it) {
@@ -453,43 +500,17 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
 
     // 3d. O^T = O^T·alpha + V^T·P^T over the page's 64 tokens (4 k16 steps) x this warpgroup's dims
     // (alpha = 1 unless the max was raised).
-#pragma unroll
-    for (int j = 0; j < kGroupsO && raised; ++j) {
-      const float2 alpha = *reinterpret_cast<const float2*>(&smem.alpha[buf][8 * j + 2 * c]);
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        o[mt][4 * j + 0] *= alpha.x;
-        o[mt][4 * j + 1] *= alpha.y;
-        o[mt][4 * j + 2] *= alpha.x;
-        o[mt][4 * j + 3] *= alpha.y;
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int e = 0; e < kGroupsO * 4; ++e) fence_operand(o[mt][e]);
-    const uint8_t* v_base = smem.kv[stage];
+    if (raised) rescale_rows<kTileN>(o, smem.alpha[buf], c);
+    fence_accumulators<kTileN>(o);
     const uint32_t p_addr = smem_addr(p_tile);
 #pragma unroll
-    for (int kk = 0; kk < kPageSize / 16; ++kk) {
-      const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
-      const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
-      uint32_t a[4][4];  // [m64 dim tile mt = byte of the word][A fragment register]
-      vt_fragments(a, v0, v1);
-      wgmma_fence();  // the A registers (and, at kk = 0, the rescaled accumulators) are written
-      const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) wgmma_rs<kTileN>(o[mt], a[mt], desc_p);
-    }
+    for (int kk = 0; kk < kPageSize / 16; ++kk) issue_pv_step<kTileN>(o, smem.kv[stage], v_off, p_addr, kk);
     wgmma_commit();
     // NOTE: waited here, not after the next page's Q·K^T: with P·V still in flight at the loop exit,
     // ptxas serializes every wgmma of the kernel (C7515, the loop-skipped path defines the
     // accumulators); the next page's MMAs would queue behind this one anyway.
     wgmma_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int e = 0; e < kGroupsO * 4; ++e) fence_operand(o[mt][e]);
+    fence_accumulators<kTileN>(o);
   }
 
   // ---- Phase 4: finalize: softmax sums over the tokens (lanes g, then the 4 warps) ---------------

@@ -339,44 +339,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int e = 0; e < kGroups * 4; ++e) o[mt][e] = 0.0f;
-    // V^T fragments as in the wgmma kernel (column block 4v + wi).
-    const int v_off0 = (4 * v + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((g >> 2) ^ c) << 4) + 4 * (g & 3);
-    const int v_off1 = (4 * v + wi) * kPageBlockBytes + 2 * c * kSw64Bytes + (((2 + (g >> 2)) ^ c) << 4) + 4 * (g & 3);
+    const VtLaneOffsets v_off = vt_lane_offsets(v, wi, g, c);  // V^T fragments of this warpgroup's dims
     auto value_loop = [&](auto v_constant) {
       for (int it = 0; it < my_pages; ++it) {
         const int stage = it % kStages;
         const int buf = it % kWsPBuffers;
         mbar_wait(&smem.full[stage], (it / kStages) & 1);  // the other value threads' copies are visible
         mbar_wait(&smem.p_full[buf], (it / kWsPBuffers) & 1);
-        if (smem.raised[buf] != 0) {
-#pragma unroll
-          for (int j = 0; j < kGroups; ++j) {
-            const float2 alpha = *reinterpret_cast<const float2*>(&smem.alpha[buf][8 * j + 2 * c]);
-#pragma unroll
-            for (int mt = 0; mt < 4; ++mt) {
-              o[mt][4 * j + 0] *= alpha.x;
-              o[mt][4 * j + 1] *= alpha.y;
-              o[mt][4 * j + 2] *= alpha.x;
-              o[mt][4 * j + 3] *= alpha.y;
-            }
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-          for (int e = 0; e < kGroups * 4; ++e) fence_operand(o[mt][e]);
-        const uint8_t* v_base = smem.kv[stage];
+        if (smem.raised[buf] != 0) rescale_rows<kTileN>(o, smem.alpha[buf], c);
+        fence_accumulators<kTileN>(o);
         const uint32_t p_addr = smem_addr(&smem.p[buf][0][0]);
 #pragma unroll
         for (int kk = 0; kk < kPageSize / 16; ++kk) {
-          const uint8_t* v0 = v_base + kk * 16 * kSw64Bytes + v_off0;
-          const uint8_t* v1 = v_base + kk * 16 * kSw64Bytes + v_off1;
-          uint32_t a[4][4];
-          vt_fragments(a, v0, v1);
-          wgmma_fence();
-          const uint64_t desc_p = gmma_desc(p_addr + kk * 32, 8 * kPageSize * 2, kSwizzle128);
-#pragma unroll
-          for (int mt = 0; mt < 4; ++mt) wgmma_rs<kTileN>(o[mt], a[mt], desc_p);
+          issue_pv_step<kTileN>(o, smem.kv[stage], v_off, p_addr, kk);
           // NOTE: one group per k16 step, at most two in flight: the A registers of a group stay live
           // until it completes, and four steps' worth (64) beside O^T (128 at 64 rows) exceed the
           // warpgroup's budget (ptxas C7511 serializes every wgmma).
@@ -388,10 +363,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
         // NOTE: waited in the page's own iteration (P·V in flight across the back edge serializes every
         // wgmma: ptxas C7515, see the wgmma kernel).
         wgmma_wait<0>();
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-          for (int e = 0; e < kGroups * 4; ++e) fence_operand(o[mt][e]);
+        fence_accumulators<kTileN>(o);
         mbar_arrive(&smem.p_empty[buf]);
       }
     };
