@@ -6,10 +6,12 @@
 // step's out, all as CUDA graphs of 20 steps rotating over replicas whose weights + KV
 // exceed the L2, median of 30 replays; the floor from ceilings measured in the same run.
 //
-//   step_bench [--csv FILE] [--quick]
+//   step_bench [--csv FILE] [--quick] [--fused-only] [--shape ROWSxCONTEXTxHxQ ...]
 //
 // Grid: batch rows {1, 4, 16, 64, 256} x context {4k, 32k, 128k} x H {12, 96} x q {1, 4} (rows are
-// requests * q, so batch 1 has no q = 4 shape). Every request has the full context.
+// requests * q, so batch 1 has no q = 4 shape); --quick: rows {1, 16, 256} x context {4k, 128k}; each --shape
+// (e.g. 16x4096x12x4) replaces the grid. Every request has the full context. --fused-only times only our
+// step (the stock columns stay empty): a quicker before/after of a kernel change.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -225,11 +227,25 @@ int main(int argc, char** argv) {
   using namespace mla;
   std::string csv_path;
   bool quick = false;
+  bool fused_only = false;
+  std::vector<bench::Config> shapes;  // --shape: replaces the grid
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else {
-      std::fprintf(stderr, "usage: step_bench [--csv FILE] [--quick]\n");
+    bench::Config c{};
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
+      csv_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--fused-only")) {
+      fused_only = true;
+    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc &&
+               std::sscanf(argv[++i], "%dx%dx%dx%d", &c.rows, &c.context, &c.heads, &c.q) == 4 && c.q >= 1 &&
+               c.q <= kMaxQueries && c.rows >= c.q && c.rows % c.q == 0 && c.context >= c.q && c.heads >= 1) {
+      shapes.push_back(c);
+    } else {
+      std::fprintf(stderr,
+                   "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] "
+                   "[--shape ROWSxCONTEXTxHxQ ...] (rows a multiple of q, 1 <= q <= %d)\n",
+                   argv[i], kMaxQueries);
       return 2;
     }
   }
@@ -260,92 +276,102 @@ int main(int argc, char** argv) {
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
 
     std::map<int, synth::SyntheticLayer> layers;
-    const std::vector<int> batches = quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256};
-    const std::vector<int> contexts = quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072};
-    for (int heads : {12, 96}) {
-      layers.emplace(heads, synth::make_layer(heads, 1));
-      for (int q : {1, 4}) {
-        for (int rows : batches) {
-          if (rows % q != 0) continue;
-          for (int context : contexts) {
-            const bench::Config c{rows, context, heads, q};
-            const double kv_bytes = double(rows / q) * context * kKeyDim;
-            const double weight_bytes = 2.0 * heads * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank + kKvLoraRank * kVHeadDim);
-            const int replicas = static_cast<int>(std::clamp(std::ceil(150e6 / (kv_bytes + weight_bytes)), 1.0, 8.0));
-            std::vector<std::unique_ptr<bench::Replica>> copies;
-            for (int i = 0; i < replicas; ++i) copies.push_back(bench::make_replica(c, layers.at(heads), 10 + i, stream));
-            MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (shapes.empty()) {  // the grid of the file comment (or the quick subset)
+      const std::vector<int> batches = quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256};
+      const std::vector<int> contexts = quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072};
+      for (int heads : {12, 96})
+        for (int q : {1, 4})
+          for (int rows : batches)
+            for (int context : contexts)
+              if (rows % q == 0) shapes.push_back({rows, context, heads, q});
+    }
+    for (const bench::Config& c : shapes) {
+      const int rows = c.rows, context = c.context, heads = c.heads, q = c.q;
+      if (layers.count(heads) == 0) layers.emplace(heads, synth::make_layer(heads, 1));
+      const double kv_bytes = double(rows / q) * context * kKeyDim;
+      const double weight_bytes = 2.0 * heads * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank + kKvLoraRank * kVHeadDim);
+      const int replicas = static_cast<int>(std::clamp(std::ceil(150e6 / (kv_bytes + weight_bytes)), 1.0, 8.0));
+      std::vector<std::unique_ptr<bench::Replica>> copies;
+      for (int i = 0; i < replicas; ++i) copies.push_back(bench::make_replica(c, layers.at(heads), 10 + i, stream));
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-            const double fused = timing::time_graph_us(
-                stream, [&](int i) { copies[i % replicas]->mla->run(copies[i % replicas]->inputs, stream); });
-            const double stock = timing::time_graph_us(
-                stream, [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream); });
-            const int requests = rows / q;
-            std::unique_ptr<bench::StockCore> stock_attention;
-            double stock_attention_us = std::nan("");
-            if (bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
-              const StepInputs& inputs = copies[0]->inputs;  // every replica has the same shapes
-              stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
-                                                                   static_cast<int>(inputs.block_table.shape[1]),
-                                                                   inputs.cache.stride[0]);
-              stock_attention_us = timing::time_graph_us(
-                  stream,
-                  [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream, stock_attention.get()); },
-                  /*launches=*/20, /*replays=*/10);
-            }
-            // A broken stock path cannot pass for a slow one: its out must match the fused step's. Not to
-            // rounding: the stock rounds ql to bf16 before its e4m3 quantization (DESIGN.md §4 allows it), which
-            // moves ~3 % of the query's e4m3 bytes by one step (1.6 % relative RMS of the query; a numpy model of
-            // the double rounding), and the out by about as much: measured 1.6-2.5e-2 on every shape
-            // (2026-12-04). A broken composition is off by O(1).
-            bench::Replica& r0 = *copies[0];
-            const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
-            const double stock_err = bench::relative_l2(
-                bench::out_after(r0, stream, [&] { bench::enqueue_stock(r0, c, cublas, stream); }), fused_out);
-            const double stock_attention_err =
-                stock_attention ? bench::relative_l2(bench::out_after(r0, stream,
-                                                                      [&] {
-                                                                        bench::enqueue_stock(r0, c, cublas, stream,
-                                                                                             stock_attention.get());
-                                                                      }),
-                                                     fused_out)
-                                : std::nan("");
-            const bool agree = stock_err <= bench::kStockAgreement &&
-                               (!stock_attention || stock_attention_err <= bench::kStockAgreement);
-            char attention_cols[160];
-            if (stock_attention) {
-              std::snprintf(attention_cols, sizeof attention_cols, "%.2f | %.2f | %.1e, %.1e%s", stock_attention_us,
-                            stock_attention_us / fused, stock_err, stock_attention_err, agree ? "" : " MISMATCH");
-            } else {
-              std::snprintf(attention_cols, sizeof attention_cols, "- | - | %.1e, -%s", stock_err, agree ? "" : " MISMATCH");
-            }
-            double visible = 0;
-            for (int i = 0; i < q; ++i) visible += context - q + i + 1;
-            const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
-            const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
-            std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f | %s |\n", rows, context,
-                        heads, q, fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
-                        cost.flops() / (fused * 1e6), attention_cols);
-            std::fflush(stdout);
-            if (csv) {
-              // Skipped stock-attention shapes leave their two columns empty.
-              char attention_csv[96] = ",";
-              if (stock_attention) {
-                std::snprintf(attention_csv, sizeof attention_csv, "%.3f,%.3f", stock_attention_us,
-                              stock_attention_us / fused);
-              }
-              char err_csv[64];
-              if (stock_attention) {
-                std::snprintf(err_csv, sizeof err_csv, "%.2e,%.2e", stock_err, stock_attention_err);
-              } else {
-                std::snprintf(err_csv, sizeof err_csv, "%.2e,", stock_err);
-              }
-              std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f,%s,%s\n", rows, context, heads, q, fused,
-                           stock, floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3),
-                           cost.flops() / (fused * 1e6), attention_csv, err_csv);
-            }
-          }
+      const double fused = timing::time_graph_us(
+          stream, [&](int i) { copies[i % replicas]->mla->run(copies[i % replicas]->inputs, stream); });
+      double visible = 0;
+      for (int i = 0; i < q; ++i) visible += context - q + i + 1;
+      const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
+      const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
+      if (fused_only) {  // the stock columns empty (a quicker A/B of our kernels)
+        std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | - | - | %.0f | %.1f | - | - | - |\n", rows, context, heads,
+                    q, fused, floor, fused / floor, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
+        std::fflush(stdout);
+        if (csv) {
+          std::fprintf(csv, "%d,%d,%d,%d,%.3f,,%.3f,%.3f,,%.1f,%.2f,,,,\n", rows, context, heads, q, fused, floor,
+                       fused / floor, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
         }
+        continue;
+      }
+      const double stock = timing::time_graph_us(
+          stream, [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream); });
+      const int requests = rows / q;
+      std::unique_ptr<bench::StockCore> stock_attention;
+      double stock_attention_us = std::nan("");
+      if (bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
+        const StepInputs& inputs = copies[0]->inputs;  // every replica has the same shapes
+        stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
+                                                             static_cast<int>(inputs.block_table.shape[1]),
+                                                             inputs.cache.stride[0]);
+        stock_attention_us = timing::time_graph_us(
+            stream,
+            [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream, stock_attention.get()); },
+            /*launches=*/20, /*replays=*/10);
+      }
+      // A broken stock path cannot pass for a slow one: its out must match the fused step's. Not to
+      // rounding: the stock rounds ql to bf16 before its e4m3 quantization (DESIGN.md §4 allows it), which
+      // moves ~3 % of the query's e4m3 bytes by one step (1.6 % relative RMS of the query; a numpy model of
+      // the double rounding), and the out by about as much: measured 1.6-2.5e-2 on every shape
+      // (2026-12-04). A broken composition is off by O(1).
+      bench::Replica& r0 = *copies[0];
+      const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
+      const double stock_err = bench::relative_l2(
+          bench::out_after(r0, stream, [&] { bench::enqueue_stock(r0, c, cublas, stream); }), fused_out);
+      const double stock_attention_err =
+          stock_attention ? bench::relative_l2(bench::out_after(r0, stream,
+                                                                [&] {
+                                                                  bench::enqueue_stock(r0, c, cublas, stream,
+                                                                                       stock_attention.get());
+                                                                }),
+                                               fused_out)
+                          : std::nan("");
+      const bool agree = stock_err <= bench::kStockAgreement &&
+                         (!stock_attention || stock_attention_err <= bench::kStockAgreement);
+      char attention_cols[160];
+      if (stock_attention) {
+        std::snprintf(attention_cols, sizeof attention_cols, "%.2f | %.2f | %.1e, %.1e%s", stock_attention_us,
+                      stock_attention_us / fused, stock_err, stock_attention_err, agree ? "" : " MISMATCH");
+      } else {
+        std::snprintf(attention_cols, sizeof attention_cols, "- | - | %.1e, -%s", stock_err, agree ? "" : " MISMATCH");
+      }
+      std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f | %s |\n", rows, context,
+                  heads, q, fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
+                  cost.flops() / (fused * 1e6), attention_cols);
+      std::fflush(stdout);
+      if (csv) {
+        // Skipped stock-attention shapes leave their two columns empty.
+        char attention_csv[96] = ",";
+        if (stock_attention) {
+          std::snprintf(attention_csv, sizeof attention_csv, "%.3f,%.3f", stock_attention_us,
+                        stock_attention_us / fused);
+        }
+        char err_csv[64];
+        if (stock_attention) {
+          std::snprintf(err_csv, sizeof err_csv, "%.2e,%.2e", stock_err, stock_attention_err);
+        } else {
+          std::snprintf(err_csv, sizeof err_csv, "%.2e,", stock_err);
+        }
+        std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f,%s,%s\n", rows, context, heads, q, fused,
+                     stock, floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3),
+                     cost.flops() / (fused * 1e6), attention_csv, err_csv);
       }
     }
     if (csv && std::fclose(csv) != 0) throw Error("step_bench: cannot write --csv " + csv_path);
