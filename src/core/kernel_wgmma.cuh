@@ -209,6 +209,33 @@ __device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
     for (int e = 0; e < kTileN / 2; ++e) fence_operand(o[mt][e]);
 }
 
+// The end of a split: this thread's O^T values, dims 256·w + 64·wi + 32h + 4g + [0, 4) (h = 0, 1) of tile rows
+// 8j + 2c + e, normalized by their rows' softmax sums (row_sum; a sum of 0 gives 0) and, when the request has
+// one split (`direct`), by k_scale: bf16 latent or fp32 partials (store_latent4). Rows past rows_m are padding.
+template <int kTileN>
+__device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4][kTileN / 2], const float* row_sum,
+                                         int w, int wi, int g, int c, int tile_row0, int rows_m, int64_t entry0,
+                                         int64_t num_entries, int split, bool direct) {
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * c + e;
+      const int row = tile_row0 + n;
+      if (row >= rows_m) continue;
+      const float sum = row_sum[n];
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const float scale = direct ? inv * p.k_scale : inv;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = w * kWgDims + 64 * wi + 32 * h + 4 * g;
+        detail::store_latent4(p, direct, split, num_entries, entry0 + row, dim, o[0][4 * j + 2 * h + e] * scale,
+                              o[1][4 * j + 2 * h + e] * scale, o[2][4 * j + 2 * h + e] * scale,
+                              o[3][4 * j + 2 * h + e] * scale);
+      }
+    }
+}
+
 }  // namespace wgmma_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
@@ -550,28 +577,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   }
   __syncthreads();
 
-  // ---- Phase 5: stores: the thread holds dims 256·wg + 64·wi + 32h + 4g + [0, 4) of rows 8j + 2c + e --
-#pragma unroll
-  for (int j = 0; j < kGroupsO; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int n = 8 * j + 2 * c + e;
-      const int row = tile_row0 + n;
-      if (row >= rows_m) continue;
-      const float sum = smem.row_sum[n];
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const float scale = direct ? inv * p.k_scale : inv;
-      const int64_t entry = entry0 + row;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dim = wg * kWgDims + 64 * wi + 32 * h + 4 * g;
-        const float v0 = o[0][4 * j + 2 * h + e] * scale;
-        const float v1 = o[1][4 * j + 2 * h + e] * scale;
-        const float v2 = o[2][4 * j + 2 * h + e] * scale;
-        const float v3 = o[3][4 * j + 2 * h + e] * scale;
-        store_latent4(p, direct, split, num_entries, entry, dim, v0, v1, v2, v3);
-      }
-    }
+  // ---- Phase 5: stores ---------------------------------------------------------------------------
+  store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, num_entries, split, direct);
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
 

@@ -374,26 +374,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
     }
     __syncthreads();  // (E) the score warpgroup's sums are in shared memory
 
-    // Stores: the thread holds dims 256·v + 64·wi + 32h + 4g + [0, 4) of rows 8j + 2c + e.
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * j + 2 * c + e;
-        const int row = tile_row0 + n;
-        if (row >= rows_m) continue;
-        const float sum = smem.row_sum[n];
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const float scale = direct ? inv * p.k_scale : inv;
-        const int64_t entry = entry0 + row;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int dim = v * kWgDims + 64 * wi + 32 * h + 4 * g;
-          store_latent4(p, direct, split, num_entries, entry, dim, o[0][4 * j + 2 * h + e] * scale,
-                        o[1][4 * j + 2 * h + e] * scale, o[2][4 * j + 2 * h + e] * scale,
-                        o[3][4 * j + 2 * h + e] * scale);
-        }
-      }
+    store_ot<kTileN>(p, o, smem.row_sum, v, wi, g, c, tile_row0, rows_m, entry0, num_entries, split, direct);
   }
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
