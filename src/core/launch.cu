@@ -185,9 +185,9 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                              : static_cast<size_t>(plan.num_splits) * entries * (kKvLoraRank + 1) * sizeof(float);
   // Combine: enough warps per (entry, chunk) that each takes at most kCombineLoadsInFlight splits (one round
   // of loads), up to 16 (251 splits: 16 warps of 16 splits); few splits: 1 warp, 4 (entry, chunk) pairs a
-  // CTA, so that few entries still spread over many SMs. NOTE: at 1x4k x12 (32 splits, 48 pairs) the core
-  // ran 11.0-11.1 µs against 9.8-9.9 with the earlier combine, with 12 CTAs of 16 warps and with these 48 of
-  // 4 alike: the CTA count is not the cause (src/core/README.md, next step 4).
+  // CTA, so that few entries still spread over many SMs. NOTE: at 1x4k x12 (32 splits, 48 pairs) 12 CTAs of 16
+  // warps and these 48 of 4 ran alike; the ~1 µs lost there was the lengths load in series (fixed in the kernel,
+  // src/core/README.md, next step 4).
   while (plan.combine_warps_per_entry < kCombineMaxWarps &&
          plan.combine_warps_per_entry * kCombineLoadsInFlight < plan.num_splits) {
     plan.combine_warps_per_entry *= 2;
