@@ -159,6 +159,39 @@ __device__ __forceinline__ void vt_fragments(uint32_t (&a)[4][4], const uint8_t*
     for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
 }
 
+// This lane's ldmatrix.x4 addresses of K through the 64-byte swizzle (lane l gives row l % 8 of matrix l / 8):
+// byte 16·chunk of token r in column block kb sits at kb·kPageBlockBytes + 64·r + 16·(chunk ^ ((r >> 1) & 3)),
+// and 32-byte half block hb covers chunks 2·(hb % 2) + {0, 1} of block hb / 2. The K fragments (m16 x k32
+// bytes) are the matrices (tokens 0-7 | 8-15 of warp wi) x (chunk 0 | 1 of the half block), so registers
+// 0..3 = tokens g / g + 8, bytes 4c.. of chunk 0, then of chunk 1.
+struct KLaneOffsets {
+  int row;         // the lane's token row in a column block
+  int chunk_even;  // its chunk's offset in even half blocks
+  int chunk_odd;   // and in odd ones
+};
+__device__ __forceinline__ KLaneOffsets k_lane_offsets(int wi, int lane) {
+  const int token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
+  return {token * kSw64Bytes, ((lane / 16) ^ ((token >> 1) & 3)) << 4, ((2 + lane / 16) ^ ((token >> 1) & 3)) << 4};
+}
+
+// Issues (does not commit) S^T += K·Q^T over 32-byte half block hb of the 576-byte rows (two k16 steps):
+// A = the page's K (at `page`) through k_half_block_fragments, B = the f16 query tile (desc_q: its start,
+// kTileN rows of 64-element k blocks in the 128-byte swizzle).
+template <int kTileN>
+__device__ __forceinline__ void issue_qk_half_block(float (&s)[kTileN / 2], const uint8_t* page, KLaneOffsets off,
+                                                    uint64_t desc_q, int hb) {
+  constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;  // one 64-element k block of Q
+  const int kb = hb / 2;
+  uint32_t a[2][4];  // f16 A fragments of its two k16 steps
+  k_half_block_fragments(a, page + off.row + kb * kPageBlockBytes + (hb % 2 == 0 ? off.chunk_even : off.chunk_odd));
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    // the descriptor's address field counts 16-byte units
+    wgmma_rs<kTileN>(s, a[t], desc_q + ((kb * kQBlockBytes + ((hb % 2) * 2 + t) * 32) >> 4));
+  }
+}
+
 // This thread's byte offsets (v0, v1 of vt_fragments) into a page for latent dims 256·w + 64·wi + 32h + 4g
 // (h = 0, 1) of tokens 2c, 2c + 1, 2c + 8, 2c + 9: the 32-bit word of those dims of token t sits in column
 // block 4·w + wi, chunk (2h + g / 4) ^ ((t >> 1) & 3) = (2h + g / 4) ^ c; k16 step kk adds 16 rows.
@@ -320,17 +353,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
 
-  // ldmatrix.x4 lane addresses (lane l gives row l % 8 of matrix l / 8) through the 64-byte swizzle:
-  // byte 16·chunk of row r in column block kb sits at kb·blockbytes + 64·r + 16·(chunk ^ ((r >> 1) & 3)),
-  // and the 32-byte k-step h of block kb covers its chunks 2h + {0, 1}.
-  // K fragments (m16 x k32 bytes): matrices (tokens 0-7 | 8-15 of the warp) x (chunk 0 | 1 of the step),
-  // so registers 0..3 = tokens g / g + 8, bytes 4c.. of chunk 0, then of chunk 1.
-  const int a_token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
-  const int a_lane_row = a_token * kSw64Bytes;
-  const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
-  const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+  const KLaneOffsets k_off = k_lane_offsets(wi, lane);  // ldmatrix.x4 addresses of K
   const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);  // Q^T, all kTileN rows (3a: k halves per warpgroup)
-  constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;            // one 64-element k block of Q
   float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
@@ -374,23 +398,12 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     // The warpgroup's half as compile-time constants (hb: 32-byte half blocks of the 576-byte row).
     auto qk_half = [&](auto wg_constant) {
       constexpr int kWg = decltype(wg_constant)::value;
-      const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
       // NOTE: the base address is made opaque per page: otherwise the compiler hoists the
       // loop-invariant 64-bit descriptors out of the page loop (more registers, spills).
       const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
 #pragma unroll
       for (int i = 0; i < kKeyBlocks; ++i) {
-        constexpr int kHalfBlocks = 2 * kKeyBlocks;  // 18
-        const int hb = kWg * (kHalfBlocks / 2) + i;
-        const int kb = hb / 2;
-        uint32_t a[2][4];  // f16 A fragments of its two k16 steps
-        k_half_block_fragments(a, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
-        wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          // the descriptor's address field counts 16-byte units
-          wgmma_rs<kTileN>(s_all, a[t], desc_q + ((kb * kQBlockBytes + ((hb % 2) * 2 + t) * 32) >> 4));
-        }
+        issue_qk_half_block<kTileN>(s_all, smem.kv[stage], k_off, desc_q, kWg * kKeyBlocks + i);  // of 2·kKeyBlocks
         wgmma_commit();
         wgmma_wait<1>();
       }

@@ -164,13 +164,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   if (wg == 0) {
     // ==== Score warpgroup ==============================================================================
     setmaxnreg_dec<kWsScoreRegisters>();
-    // ldmatrix.x4 lane addresses of K through the 64-byte swizzle (as the wgmma kernel).
-    const int a_token = 16 * wi + lane % 8 + 8 * ((lane / 8) % 2);
-    const int a_lane_row = a_token * kSw64Bytes;
-    const int a_chunk_even = ((lane / 16) ^ ((a_token >> 1) & 3)) << 4;
-    const int a_chunk_odd = ((2 + lane / 16) ^ ((a_token >> 1) & 3)) << 4;
+    const KLaneOffsets k_off = k_lane_offsets(wi, lane);  // ldmatrix.x4 addresses of K
     const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);
-    constexpr int kQBlockBytes = kTileN * kSw128Halves * 2;
     const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
     const float scale_log2 = p.softmax_scale_log2;
     float m_run[kGroups][2];  // running max (base-2 logits) of rows 8j + 2c + e
@@ -193,19 +188,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
         fence_operand(s[e]);
       }
       {
-        const uint8_t* k_lane = smem.kv[stage] + a_lane_row;
         // NOTE: opaque per page, or the compiler hoists the 64-bit descriptors out of the loop (registers).
         const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
 #pragma unroll
         for (int hb = 0; hb < 2 * kKeyBlocks; ++hb) {
-          const int kb = hb / 2;
-          uint32_t a[2][4];
-          k_half_block_fragments(a, k_lane + kb * kPageBlockBytes + (hb % 2 == 0 ? a_chunk_even : a_chunk_odd));
-          wgmma_fence();
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            wgmma_rs<kTileN>(s, a[t], desc_q + ((kb * kQBlockBytes + ((hb % 2) * 2 + t) * 32) >> 4));
-          }
+          issue_qk_half_block<kTileN>(s, smem.kv[stage], k_off, desc_q, hb);
           wgmma_commit();
           wgmma_wait<1>();
         }
