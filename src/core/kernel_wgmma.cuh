@@ -159,6 +159,29 @@ __device__ __forceinline__ void vt_fragments(uint32_t (&a)[4][4], const uint8_t*
     for (int r = 0; r < 4; ++r) fence_operand(a[mt][r]);
 }
 
+// The tile's query rows as f16 into shared memory (B of Q·K^T, the 128-byte swizzle: q[k block][row][64]),
+// rows past rows_m zero, by kThreads threads. One thread per (row r, 16-byte group G) = one k16 step, its k
+// order permuted to match the K fragments (e4m3x16_to_f16_permuted; one permutation on both operands
+// leaves the dot product unchanged). The caller fences the async proxy and synchronizes.
+template <int kTileN, int kThreads>
+__device__ __forceinline__ void load_query_tile(__half (&q)[kKeyDim / kSw128Halves][kTileN][kSw128Halves],
+                                                const CoreParams& p, int64_t entry0, int tile_row0, int rows_m) {
+  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
+  for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kThreads) {
+    const int r = idx / kChunksPerRow;
+    const int group = idx % kChunksPerRow;
+    const int row = tile_row0 + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
+    uint4 lo, hi;
+    detail::e4m3x16_to_f16_permuted(v, lo, hi);
+    __half* dst = &q[group / 4][r][0];
+    const int chunk = 2 * (group % 4);  // the step's two 16-byte chunks in its 128-byte row
+    *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
+    *reinterpret_cast<uint4*>(dst + 8 * ((chunk + 1) ^ (r & 7))) = hi;
+  }
+}
+
 // This lane's ldmatrix.x4 addresses of K through the 64-byte swizzle (lane l gives row l % 8 of matrix l / 8):
 // byte 16·chunk of token r in column block kb sits at kb·kPageBlockBytes + 64·r + 16·(chunk ^ ((r >> 1) & 3)),
 // and 32-byte half block hb covers chunks 2·(hb % 2) + {0, 1} of block hb / 2. The K fragments (m16 x k32
@@ -323,7 +346,6 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
 
   // Producer (every thread): page k of the split (9 16-byte cp.async per thread) into the swizzled
   // layout, then one arrival per thread on the stage's mbarrier.
-  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
   auto issue_page = [&](int k) {
     const int stage = k % kStages;
     copy_page_async<kWgThreads>(p, pages, page_begin + k, length, [&](int r, int chunk) {
@@ -334,22 +356,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
-  // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
-  // K fragments there (e4m3x16_to_f16_permuted; one permutation on both operands leaves the dot
-  // product unchanged).
-  for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWgThreads) {
-    const int r = idx / kChunksPerRow;
-    const int group = idx % kChunksPerRow;
-    const int row = tile_row0 + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
-    uint4 lo, hi;
-    e4m3x16_to_f16_permuted(v, lo, hi);
-    __half* dst = &smem.q[group / 4][r][0];
-    const int chunk = 2 * (group % 4);  // the step's two 16-byte chunks in its 128-byte row
-    *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
-    *reinterpret_cast<uint4*>(dst + 8 * ((chunk + 1) ^ (r & 7))) = hi;
-  }
+  load_query_tile<kTileN, kWgThreads>(smem.q, p, entry0, tile_row0, rows_m);
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
 

@@ -138,21 +138,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
     for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_blocks(std::integral_constant<int, 1>{}, k);
   }
 
-  // ---- Phase 2: the query tile as f16 into shared memory (as the wgmma kernel; rows past rows_m zero) --
-  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
-  for (int idx = threadIdx.x; idx < kTileN * kChunksPerRow; idx += kWsThreads) {
-    const int r = idx / kChunksPerRow;
-    const int group = idx % kChunksPerRow;
-    const int row = tile_row0 + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < rows_m) v = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + group * 16));
-    uint4 lo, hi;
-    e4m3x16_to_f16_permuted(v, lo, hi);
-    __half* dst = &smem.q[group / 4][r][0];
-    const int chunk = 2 * (group % 4);
-    *reinterpret_cast<uint4*>(dst + 8 * (chunk ^ (r & 7))) = lo;
-    *reinterpret_cast<uint4*>(dst + 8 * ((chunk + 1) ^ (r & 7))) = hi;
-  }
+  // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
+  load_query_tile<kTileN, kWsThreads>(smem.q, p, entry0, tile_row0, rows_m);
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
 
