@@ -27,6 +27,7 @@
 
 #include "core/config.h"
 #include "core/params.h"
+#include "core/split_rule.h"
 
 namespace mla::core {
 namespace detail {
@@ -152,31 +153,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// The split rule shared by the split kernels and the combine: whole pages, pages_per_split =
-// ceil(pages / num_splits) (the reference's rule), so a request's pages fill its first splits.
-// NOTE: a request shorter than max_context gets one-page splits; a floor of two pages a split at run time
-// measured slower where the splits are few (1 x 4k x 12 planned for 128k: 64 one-page splits 9.2 µs, 32
-// two-page ones 11.1; src/core/README.md, 2026-12-05).
-struct SplitRule {
-  int pages = 0;            // the request's pages
-  int pages_per_split = 0;  // 0 when it has none
-};
-__device__ __forceinline__ SplitRule split_rule(int length, int num_splits) {
-  SplitRule r;
-  r.pages = (length + kPageSize - 1) / kPageSize;
-  r.pages_per_split = (r.pages + num_splits - 1) / num_splits;
-  return r;
-}
-
-// Splits of a request of `length` tokens that hold pages: ceil(pages / pages_per_split), the first ones.
-// The split count is planned for max_context, so a short request leaves the others empty; with more than
-// one split they write nothing (SplitPages::writes_nothing) and the combine reads none of them.
-__device__ __forceinline__ int nonempty_splits(int length, int num_splits) {
-  const SplitRule r = split_rule(length, num_splits);
-  return r.pages == 0 ? 0 : (r.pages + r.pages_per_split - 1) / r.pages_per_split;
-}
-
-// A CTA's pages of its request (split_rule). Reads host-written metadata only (lengths, totals), so it
+// A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
 // runs before the PDL wait.
 struct SplitPages {
   int length = 0;              // the request's (local) length; 0 for padded requests
@@ -191,9 +168,9 @@ __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int reque
     s.length = p.lengths[request];
     s.total = p.totals != nullptr ? p.totals[request] : s.length;
   }
-  const SplitRule r = split_rule(s.length, p.num_splits);
-  s.page_begin = min(split * r.pages_per_split, r.pages);
-  s.num_pages = min(s.page_begin + r.pages_per_split, r.pages) - s.page_begin;
+  const SplitRange range = split_range(s.length, p.num_splits, split);
+  s.page_begin = range.page_begin;
+  s.num_pages = range.num_pages;
   // With one split the request's latent is the output, so an empty request still writes its zeros / -inf.
   s.writes_nothing = s.num_pages == 0 && p.num_splits > 1;
   return s;
@@ -636,7 +613,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // Host-written metadata: read before the PDL wait.
   const int request = static_cast<int>(entry / p.entries_per_request);
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
-  const int splits = detail::nonempty_splits(length, p.num_splits);
+  const int splits = nonempty_splits(length, p.num_splits);
   const float* lse_of_entry = p.partial_lse + entry;  // split s at [s * num_entries]
 
   detail::griddep_wait();  // the partials come from the split kernel

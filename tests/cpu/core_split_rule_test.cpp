@@ -1,0 +1,68 @@
+// The attention core's split rule (core/split_rule.h), without a GPU: the split kernels and the combine
+// deal a request's pages with it, and the CPU reference (reference/core.cpp, core_partials) deals tokens
+// with ceil(pages / num_splits) pages a split. Both must cover the same tokens, every page exactly once,
+// the nonempty splits first.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/split_rule.h"
+#include "mla/dims.h"
+
+namespace mla {
+namespace {
+
+using core::nonempty_splits;
+using core::split_range;
+using core::SplitRange;
+
+constexpr int kLengths[] = {0, 1, 63, 64, 65, 127, 128, 129, 4095, 4096, 4097, 64 * 251 + 1, 131072, 1 << 20};
+constexpr int kSplitCounts[] = {1, 2, 3, 7, 12, 30, 32, 63, 64, 100, 251, 1024};
+
+TEST(CoreSplitRule, EveryPageOnceNonemptySplitsFirst) {
+  for (int length : kLengths) {
+    for (int splits : kSplitCounts) {
+      SCOPED_TRACE(::testing::Message() << "length " << length << ", " << splits << " splits");
+      const int pages = (length + kPageSize - 1) / kPageSize;
+      const int nonempty = nonempty_splits(length, splits);
+      EXPECT_LE(nonempty, splits);
+      EXPECT_EQ(nonempty == 0, pages == 0);
+      int next_page = 0;
+      for (int s = 0; s < splits; ++s) {
+        const SplitRange r = split_range(length, splits, s);
+        if (s < nonempty) {
+          EXPECT_EQ(r.page_begin, next_page) << "split " << s;
+          EXPECT_GE(r.num_pages, 1) << "split " << s;
+          next_page += r.num_pages;
+        } else {
+          EXPECT_EQ(r.num_pages, 0) << "split " << s;
+        }
+      }
+      EXPECT_EQ(next_page, pages);
+    }
+  }
+}
+
+TEST(CoreSplitRule, SameTokensAsTheReference) {
+  for (int length : kLengths) {
+    for (int splits : kSplitCounts) {
+      SCOPED_TRACE(::testing::Message() << "length " << length << ", " << splits << " splits");
+      // reference/core.cpp: split s covers tokens [min(L, s·pps·64), min(L, (s + 1)·pps·64)).
+      const int64_t pages = (length + kPageSize - 1) / kPageSize;
+      const int64_t pages_per_split = (pages + splits - 1) / splits;
+      for (int s = 0; s < splits; ++s) {
+        const int64_t ref_begin = std::min<int64_t>(length, s * pages_per_split * kPageSize);
+        const int64_t ref_end = std::min<int64_t>(length, (s + 1) * pages_per_split * kPageSize);
+        const SplitRange r = split_range(length, splits, s);
+        const int64_t begin = std::min<int64_t>(length, int64_t{r.page_begin} * kPageSize);
+        const int64_t end = std::min<int64_t>(length, int64_t{r.page_begin + r.num_pages} * kPageSize);
+        EXPECT_EQ(begin, ref_begin) << "split " << s;
+        EXPECT_EQ(end, ref_end) << "split " << s;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mla
