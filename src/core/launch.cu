@@ -77,6 +77,23 @@ int threads_for(int kernel) {
   return kernel == kKernelMmaSync ? kNumThreads : kernel == kKernelWgmma ? kWgThreads : kWsThreads;
 }
 
+void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     void** args, bool pdl = true) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  MLA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+}
+
+}  // namespace
+
 // Split count so that (work items x splits) CTAs fill whole waves of the machine: the smallest count
 // reaching 95 % wave efficiency, else the best one. NOTE: counted from one split up, not from "at least
 // one CTA per SM": one wave of 128 CTAs on 132 slots beat two waves of 256 (wgmma, 16x4k x96: 4 splits
@@ -98,22 +115,11 @@ int choose_splits(int64_t work, int64_t slots, int64_t max_splits) {
   return best;
 }
 
-void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                     void** args, bool pdl = true) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  MLA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+int combine_warps_per_entry(int num_splits) {
+  int warps = 1;
+  while (warps < kCombineMaxWarps && warps * kCombineLoadsInFlight < num_splits) warps *= 2;
+  return warps;
 }
-
-}  // namespace
 
 int choose_wgmma_tile(int rows_m) {
   for (int tile : {16, 32, 48, 64}) {
@@ -188,10 +194,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // CTA, so that few entries still spread over many SMs. NOTE: at 1x4k x12 (32 splits, 48 pairs) 12 CTAs of 16
   // warps and these 48 of 4 ran alike; the ~1 µs lost there was the lengths load in series (fixed in the kernel,
   // src/core/README.md, next step 4).
-  while (plan.combine_warps_per_entry < kCombineMaxWarps &&
-         plan.combine_warps_per_entry * kCombineLoadsInFlight < plan.num_splits) {
-    plan.combine_warps_per_entry *= 2;
-  }
+  plan.combine_warps_per_entry = combine_warps_per_entry(plan.num_splits);
   const int block_warps = std::max(plan.combine_warps_per_entry, kCombineMinWarps);
   const int64_t combine_groups = entries * (kKvLoraRank / kCombineDims);
   const int64_t groups_per_cta = block_warps / plan.combine_warps_per_entry;

@@ -54,6 +54,15 @@ struct CorePlan {
 // above 64 the fewest tiles with the least padding (pure host rule, no CUDA call).
 int choose_wgmma_tile(int rows_m);
 
+// The split count for `work` CTAs' worth of (request, tile) items on `slots` CTA slots (SMs x CTAs/SM): the
+// smallest count up to max_splits whose CTAs fill whole waves to >= 95 %, else the most efficient one
+// (pure host rule, no CUDA call).
+int choose_splits(int64_t work, int64_t slots, int64_t max_splits);
+
+// The combine's warps per (entry, 128-dim chunk) for `num_splits` splits: the smallest power of two up to
+// kCombineMaxWarps whose warps, kCombineLoadsInFlight rows each, take every split in one round (pure).
+int combine_warps_per_entry(int num_splits);
+
 // Plans `shape` for the current device (sets the kernels' shared-memory limits). Throws mla::Error
 // on a bad shape.
 CorePlan plan_core(const CoreShape& shape);

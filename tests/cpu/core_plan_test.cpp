@@ -2,6 +2,7 @@
 // q*heads rows, above 64 the fewest tiles with the least padding. The GPU tests run every tile.
 #include <gtest/gtest.h>
 
+#include "core/config.h"
 #include "core/launch.h"
 
 namespace mla {
@@ -28,6 +29,57 @@ TEST(CorePlanTile, AboveSixtyFourFewestTilesThenLeastPadding) {
   EXPECT_EQ(choose_wgmma_tile(144), 48);   // 3 x 48, no padding
   EXPECT_EQ(choose_wgmma_tile(384), 64);   // H96 q4: 6 x 64, not 8 x 48
   EXPECT_EQ(choose_wgmma_tile(1024), 64);  // H128 q8
+}
+
+// choose_splits: one step fills the machine (>= 95 % of whole waves) with the fewest splits, bounded by
+// the pages a split must keep; the numbers are the H200's (132 SMs).
+TEST(CorePlanSplits, FewestSplitsFillingWholeWaves) {
+  using core::choose_splits;
+  EXPECT_EQ(choose_splits(1, 264, 1024), 251);   // 1 request, mma.sync 2 CTAs/SM: 251 of 264 slots
+  EXPECT_EQ(choose_splits(1, 132, 1024), 126);   // 1 CTA/SM: 126 of 132 (95.5 %)
+  EXPECT_EQ(choose_splits(128, 264, 1024), 2);   // 256 CTAs on 264 slots
+  EXPECT_EQ(choose_splits(132, 132, 1024), 1);   // already one full wave
+  EXPECT_EQ(choose_splits(1, 264, 32), 32);      // bounded by max_context's pages / 2
+  EXPECT_EQ(choose_splits(1000, 132, 1024), 1);  // many waves: the tail no longer matters
+  auto efficiency = [](int64_t work, int64_t splits, int64_t slots) {
+    const int64_t ctas = work * splits;
+    return static_cast<double>(ctas) / static_cast<double>((ctas + slots - 1) / slots * slots);
+  };
+  for (int64_t work : {1, 3, 7, 16, 33, 64, 100, 129, 500}) {
+    for (int64_t slots : {132, 264}) {
+      SCOPED_TRACE(::testing::Message() << work << " items on " << slots << " slots");
+      const int s = choose_splits(work, slots, 1024);
+      ASSERT_GE(s, 1);
+      // No smaller count reaches 95 %; the count reaches it, or none does before the CTAs pass four waves
+      // and the count is the most efficient of those searched.
+      for (int smaller = 1; smaller < s; ++smaller) EXPECT_LT(efficiency(work, smaller, slots), 0.95) << smaller;
+      if (efficiency(work, s, slots) < 0.95) {
+        for (int other = 1; other <= 1024 && work * (other - 1) < 4 * slots; ++other) {
+          EXPECT_LE(efficiency(work, other, slots), efficiency(work, s, slots) + 1e-9) << other;
+        }
+      }
+    }
+  }
+}
+
+// combine_warps_per_entry: every split in one round of kCombineLoadsInFlight rows a warp, up to the cap.
+TEST(CorePlanCombine, WarpsTakeEverySplitInOneRound) {
+  using core::combine_warps_per_entry;
+  EXPECT_EQ(combine_warps_per_entry(1), 1);
+  EXPECT_EQ(combine_warps_per_entry(core::kCombineLoadsInFlight), 1);
+  EXPECT_EQ(combine_warps_per_entry(core::kCombineLoadsInFlight + 1), 2);
+  EXPECT_EQ(combine_warps_per_entry(1024), core::kCombineMaxWarps);
+  for (int splits = 1; splits <= 1024; ++splits) {
+    const int g = combine_warps_per_entry(splits);
+    EXPECT_EQ(g & (g - 1), 0) << splits;  // a power of two: groups tile a block
+    EXPECT_LE(g, core::kCombineMaxWarps);
+    if (g < core::kCombineMaxWarps) {
+      EXPECT_GE(g * core::kCombineLoadsInFlight, splits);
+    }
+    if (g > 1) {
+      EXPECT_LT(g / 2 * core::kCombineLoadsInFlight, splits);  // the smallest such
+    }
+  }
 }
 
 }  // namespace
