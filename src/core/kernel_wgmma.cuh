@@ -257,6 +257,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[4][kTileN / 2], const fl
   }
 }
 
+// fence_operand on every O^T register: pins their accesses against the wgmma fences and waits around them.
 template <int kTileN>
 __device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
 #pragma unroll
