@@ -155,6 +155,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
 // runs before the PDL wait.
+// NOTE: the kernels unpack it with a structured binding, in the order of its fields.
 struct SplitPages {
   int length = 0;              // the request's (local) length; 0 for padded requests
   int64_t total = 0;           // its global length (DCP), = length without DCP
@@ -254,12 +255,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  const SplitPages range = split_pages(p, request, split);
-  const int length = range.length;
-  const int64_t total = range.total;
-  const int page_begin = range.page_begin;
-  const int my_pages = range.num_pages;
-  if (range.writes_nothing) return;
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
   const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;

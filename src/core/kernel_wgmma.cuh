@@ -328,12 +328,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const SplitPages range = split_pages(p, request, split);
-  const int length = range.length;
-  const int64_t total = range.total;
-  const int page_begin = range.page_begin;
-  const int my_pages = range.num_pages;
-  if (range.writes_nothing) return;
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
 

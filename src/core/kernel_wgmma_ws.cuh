@@ -90,12 +90,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   const int tile_row0 = tile * kTileN;
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const SplitPages range = split_pages(p, request, split);
-  const int length = range.length;
-  const int64_t total = range.total;
-  const int page_begin = range.page_begin;
-  const int my_pages = range.num_pages;
-  if (range.writes_nothing) return;
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
 
   if (threadIdx.x == 0) {
