@@ -301,22 +301,15 @@ int main(int argc, char** argv) {
       for (int i = 0; i < q; ++i) visible += context - q + i + 1;
       const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
       const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
-      if (fused_only) {  // the stock columns empty (a quicker A/B of our kernels)
-        std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | - | - | %.0f | %.1f | - | - | - |\n", rows, context, heads,
-                    q, fused, floor, fused / floor, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
-        std::fflush(stdout);
-        if (csv) {
-          std::fprintf(csv, "%d,%d,%d,%d,%.3f,,%.3f,%.3f,,%.1f,%.2f,,,,\n", rows, context, heads, q, fused, floor,
-                       fused / floor, cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6));
-        }
-        continue;
-      }
-      const double stock = timing::time_graph_us(
-          stream, [&](int i) { bench::enqueue_stock(*copies[i % replicas], c, cublas, stream); });
       const int requests = rows / q;
+      // --fused-only leaves every stock column empty (NaN: '-' in the table, nothing in the CSV).
+      const double stock = fused_only ? std::nan("")
+                                      : timing::time_graph_us(stream, [&](int i) {
+                                          bench::enqueue_stock(*copies[i % replicas], c, cublas, stream);
+                                        });
       std::unique_ptr<bench::StockCore> stock_attention;
       double stock_attention_us = std::nan("");
-      if (bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
+      if (!fused_only && bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
         const StepInputs& inputs = copies[0]->inputs;  // every replica has the same shapes
         stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
                                                              static_cast<int>(inputs.block_table.shape[1]),
@@ -331,47 +324,40 @@ int main(int argc, char** argv) {
       // moves ~3 % of the query's e4m3 bytes by one step (1.6 % relative RMS of the query; a numpy model of
       // the double rounding), and the out by about as much: measured 1.6-2.5e-2 on every shape
       // (2026-12-04). A broken composition is off by O(1).
-      bench::Replica& r0 = *copies[0];
-      const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
-      const double stock_err = bench::relative_l2(
-          bench::out_after(r0, stream, [&] { bench::enqueue_stock(r0, c, cublas, stream); }), fused_out);
-      const double stock_attention_err =
-          stock_attention ? bench::relative_l2(bench::out_after(r0, stream,
-                                                                [&] {
-                                                                  bench::enqueue_stock(r0, c, cublas, stream,
-                                                                                       stock_attention.get());
-                                                                }),
-                                               fused_out)
-                          : std::nan("");
-      const bool agree = stock_err <= bench::kStockAgreement &&
-                         (!stock_attention || stock_attention_err <= bench::kStockAgreement);
-      char attention_cols[160];
-      if (stock_attention) {
-        std::snprintf(attention_cols, sizeof attention_cols, "%.2f | %.2f | %.1e, %.1e%s", stock_attention_us,
-                      stock_attention_us / fused, stock_err, stock_attention_err, agree ? "" : " MISMATCH");
-      } else {
-        std::snprintf(attention_cols, sizeof attention_cols, "- | - | %.1e, -%s", stock_err, agree ? "" : " MISMATCH");
+      double stock_err = std::nan(""), stock_attention_err = std::nan("");
+      if (!fused_only) {
+        bench::Replica& r0 = *copies[0];
+        const std::vector<uint16_t> fused_out = bench::out_after(r0, stream, [&] { r0.mla->run(r0.inputs, stream); });
+        stock_err = bench::relative_l2(
+            bench::out_after(r0, stream, [&] { bench::enqueue_stock(r0, c, cublas, stream); }), fused_out);
+        if (stock_attention) {
+          stock_attention_err = bench::relative_l2(
+              bench::out_after(r0, stream,
+                               [&] { bench::enqueue_stock(r0, c, cublas, stream, stock_attention.get()); }),
+              fused_out);
+        }
       }
-      std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.1f | %s |\n", rows, context,
-                  heads, q, fused, floor, fused / floor, stock, stock / fused, cost.bytes() / (fused * 1e3),
-                  cost.flops() / (fused * 1e6), attention_cols);
+      const bool agree = fused_only || (stock_err <= bench::kStockAgreement &&
+                                        (!stock_attention || stock_attention_err <= bench::kStockAgreement));
+      // One cell of the table ('-' for NaN) and of the CSV (empty for NaN).
+      auto cell = [](const char* format, double v, const char* missing) {
+        char text[32];
+        std::snprintf(text, sizeof text, format, v);
+        return std::isnan(v) ? std::string(missing) : std::string(text);
+      };
+      std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %s | %s | %.0f | %.1f | %s | %s | %s, %s%s |\n", rows,
+                  context, heads, q, fused, floor, fused / floor, cell("%.2f", stock, "-").c_str(),
+                  cell("%.2f", stock / fused, "-").c_str(), cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6),
+                  cell("%.2f", stock_attention_us, "-").c_str(), cell("%.2f", stock_attention_us / fused, "-").c_str(),
+                  cell("%.1e", stock_err, "-").c_str(), cell("%.1e", stock_attention_err, "-").c_str(),
+                  agree ? "" : " MISMATCH");
       std::fflush(stdout);
       if (csv) {
-        // Skipped stock-attention shapes leave their two columns empty.
-        char attention_csv[96] = ",";
-        if (stock_attention) {
-          std::snprintf(attention_csv, sizeof attention_csv, "%.3f,%.3f", stock_attention_us,
-                        stock_attention_us / fused);
-        }
-        char err_csv[64];
-        if (stock_attention) {
-          std::snprintf(err_csv, sizeof err_csv, "%.2e,%.2e", stock_err, stock_attention_err);
-        } else {
-          std::snprintf(err_csv, sizeof err_csv, "%.2e,", stock_err);
-        }
-        std::fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.2f,%s,%s\n", rows, context, heads, q, fused,
-                     stock, floor, fused / floor, stock / fused, cost.bytes() / (fused * 1e3),
-                     cost.flops() / (fused * 1e6), attention_csv, err_csv);
+        std::fprintf(csv, "%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%s,%.1f,%.2f,%s,%s,%s,%s\n", rows, context, heads, q, fused,
+                     cell("%.3f", stock, "").c_str(), floor, fused / floor, cell("%.3f", stock / fused, "").c_str(),
+                     cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6),
+                     cell("%.3f", stock_attention_us, "").c_str(), cell("%.3f", stock_attention_us / fused, "").c_str(),
+                     cell("%.2e", stock_err, "").c_str(), cell("%.2e", stock_attention_err, "").c_str());
       }
     }
     if (csv && std::fclose(csv) != 0) throw Error("step_bench: cannot write --csv " + csv_path);
