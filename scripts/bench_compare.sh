@@ -8,7 +8,9 @@
 #                                                     TESTS=0 skips them), then base and new BENCH with the same
 #                                                     args, alternately, RUNS times (default 2); a before/after
 #                                                     table of the timing columns last
-# BUILD_DIR (default build-final) holds the binaries to run; OUT (default ./gpu-out) receives the logs.
+# BUILD_DIR (default build-final) holds the binaries to run; BASE (default $BUILD_DIR/base) the base ones, so a
+# chain of builds (main -> branch A -> branch B) compares each against the previous without copies; OUT
+# (default ./gpu-out) receives the logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-final}
@@ -39,7 +41,9 @@ case "$mode" in
     runs=${RUNS:-2}
     for ((i = 1; i <= runs; ++i)); do
       for side in base bench; do
-        timeout 300 "$build/$side/$bench" "$@" > "$out/${bench}_${side}_$i.log" 2>&1
+        binary="$build/bench/$bench"
+        [[ $side == base ]] && binary="${BASE:-$build/base}/$bench"
+        timeout 300 "$binary" "$@" > "$out/${bench}_${side}_$i.log" 2>&1
         echo "$side $bench run $i rc=$?"
       done
     done
