@@ -1,5 +1,5 @@
-// Device inputs shared by the whole-step and DCP benchmarks: an arena of device allocations, a
-// synthetic layer's weights on the device, a random page permutation and random FP8 cache bytes.
+// Device inputs shared by the benchmarks: an arena of device allocations, a synthetic layer's weights on
+// the device, a random page permutation, random FP8 cache bytes and varlen batches' lengths.
 // (The tests build exact inputs through tools/synthetic.h; benchmarks only need plausible bytes fast.)
 #pragma once
 
@@ -75,6 +75,18 @@ inline Weights device_weights(const synth::SyntheticLayer& layer, DeviceArena& a
 }
 
 // A random permutation of the pages [0, n) (Fisher-Yates), so requests read scattered pages.
+// Request b's length in a varlen batch: uniform in context * [1 - spread, 1 + spread] by a hash of b (the
+// same every run, in every benchmark), at least 1; spread 0 gives the context.
+inline int varlen_length(int context, double spread, int b) {
+  if (spread == 0) return context;
+  uint64_t h = (static_cast<uint64_t>(b) + 1) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  const double u = static_cast<double>(h >> 11) / static_cast<double>(uint64_t{1} << 53);
+  return std::max(1, static_cast<int>(context * (1.0 - spread + 2.0 * spread * u)));
+}
+
 inline std::vector<int32_t> shuffled_pages(int64_t n, synth::Rng& rng) {
   std::vector<int32_t> pages(n);
   std::iota(pages.begin(), pages.end(), 0);

@@ -32,6 +32,7 @@
 
 #include "common/cublas_check.h"
 #include "common/cuda_check.h"
+#include "bench_inputs.cuh"
 #include "core_bench_stock.cuh"
 #include "device_timing.h"
 #include "core/launch.h"
@@ -60,15 +61,7 @@ struct Shape {
 };
 
 // Request b's length: the mean, or for varlen batches a hashed draw around it (the same every run).
-int request_length(const Shape& s, int b) {
-  if (s.spread == 0) return s.context;
-  uint64_t h = (static_cast<uint64_t>(b) + 1) * 0x9E3779B97F4A7C15ull;
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  const double u = static_cast<double>(h >> 11) / static_cast<double>(uint64_t{1} << 53);
-  return std::max(1, static_cast<int>(s.context * (1.0 - s.spread + 2.0 * s.spread * u)));
-}
+int request_length(const Shape& s, int b) { return mla::bench::varlen_length(s.context, s.spread, b); }
 
 struct Variant {
   const char* name;

@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(csv_path: str, png_path: str) -> None:
-    rows = list(csv.DictReader(open(csv_path)))
+    # Uniform-context rows only: a varlen row (step_bench --shape ...v) has no curve of its own here.
+    rows = [r for r in csv.DictReader(open(csv_path)) if r.get("varlen", "0") in ("", "0")]
     panels = sorted({(int(r["heads"]), int(r["q"])) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     colors = {4096: "tab:blue", 32768: "tab:orange", 131072: "tab:green"}

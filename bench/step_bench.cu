@@ -6,12 +6,14 @@
 // step's out, all as CUDA graphs of 20 steps rotating over replicas whose weights + KV
 // exceed the L2, median of 30 replays; the floor from ceilings measured in the same run.
 //
-//   step_bench [--csv FILE] [--quick] [--fused-only] [--shape ROWSxCONTEXTxHxQ ...]
+//   step_bench [--csv FILE] [--quick] [--fused-only] [--shape ROWSxCONTEXTxHxQ[v] ...]
 //
 // Grid: batch rows {1, 4, 16, 64, 256} x context {4k, 32k, 128k} x H {12, 96} x q {1, 4} (rows are
 // requests * q, so batch 1 has no q = 4 shape); --quick: rows {1, 16, 256} x context {4k, 128k}; each --shape
-// (e.g. 16x4096x12x4) replaces the grid. Every request has the full context. --fused-only times only our
-// step (the stock columns stay empty): a quicker before/after of a kernel change.
+// (e.g. 16x4096x12x4) replaces the grid. Every request has the full context, except in a --shape with a
+// trailing v (e.g. 16x32768x12x1v): a varlen batch, lengths spread +-50 % around the context as core_bench's
+// (bench_inputs.cuh, varlen_length), shown as "32768v". --fused-only times only our step (the stock columns
+// stay empty): a quicker before/after of a kernel change.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -55,6 +57,18 @@ __global__ void stock_gate_kernel(const __nv_bfloat16* v, const __nv_bfloat16* p
 
 struct Config {
   int rows, context, heads, q;
+  double spread = 0;  // varlen: lengths spread +-spread around the context (0: every request the full context)
+  int requests() const { return rows / q; }
+  // Request r's length (>= q: its q new tokens are part of it).
+  int length(int r) const { return std::max(q, varlen_length(context, spread, r)); }
+  int max_length() const {
+    int m = 0;
+    for (int r = 0; r < requests(); ++r) m = std::max(m, length(r));
+    return m;
+  }
+  // What the step is prepared for: 128k (a deployment's longest sequence, so short contexts run with
+  // splits planned for it), or the longest request where a varlen batch goes past it.
+  int64_t max_context() const { return std::max<int64_t>(int64_t{1} << 17, max_length()); }
 };
 
 // One replica: the layer's weights and a full step on the device, a PreparedMla over them, and the
@@ -76,23 +90,24 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
                                       cudaStream_t stream) {
   auto r = std::make_unique<Replica>();
   const int64_t rows = c.rows, heads = c.heads;
-  const int requests = c.rows / c.q;
-  const int pages_per_request = (c.context + kPageSize - 1) / kPageSize;
+  const int requests = c.requests();
+  const int pages_per_request = (c.max_length() + kPageSize - 1) / kPageSize;
   const int64_t num_pages = int64_t{requests} * pages_per_request;
   const int64_t pitch = (projected_width(c.heads) + 7) / 8 * 8;
 
   r->weights = device_weights(layer, r->arena);
 
-  // The step: random projected rows, a random cache, permuted pages, slots at the last q positions.
+  // The step: random projected rows, a random cache, permuted pages, slots at each request's last q positions.
   synth::Rng rng(synth::stream_seed(seed, 1));
   std::vector<uint16_t> projected(rows * pitch);
   synth::fill_random_bf16(projected, 0.0, 1.0, rng);
   const std::vector<int32_t> pages = shuffled_pages(num_pages, rng);
-  std::vector<int32_t> lengths(requests, c.context);
+  std::vector<int32_t> lengths(requests);
+  for (int request = 0; request < requests; ++request) lengths[request] = c.length(request);
   std::vector<int64_t> slots(rows);
   for (int64_t row = 0; row < rows; ++row) {
     const int request = static_cast<int>(row / c.q);
-    const int64_t position = c.context - c.q + row % c.q;
+    const int64_t position = lengths[request] - c.q + row % c.q;
     slots[row] = int64_t{pages[request * pages_per_request + position / kPageSize]} * kPageSize + position % kPageSize;
   }
   uint8_t* cache = r->arena.alloc<uint8_t>(num_pages * kPageSize * kKeyDim);
@@ -113,7 +128,7 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   const TensorView scratch = make_view(r->arena.alloc<uint8_t>(rows * heads * kKeyDim), DType::kFP8E4M3,
                                        Memory::kDevice, {rows, heads, kKeyDim});
   r->mla = std::make_unique<PreparedMla>(r->weights, LayerDims{c.heads, 1e-5f}, std::map<int64_t, int64_t>{{rows, pitch}},
-                                         scratch, PrepareOptions{.max_context = 1 << 17, .queries = {c.q}});
+                                         scratch, PrepareOptions{.max_context = c.max_context(), .queries = {c.q}});
   r->mla->prepare(s.cache);
 
   // Stock intermediates.
@@ -129,7 +144,7 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   shape.rows = rows;
   shape.heads = c.heads;
   shape.q = c.q;
-  shape.max_context = 1 << 17;
+  shape.max_context = c.max_context();
   r->core_plan = core::plan_core(shape);
   if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->arena.alloc<uint8_t>(r->core_plan.workspace_bytes);
   return r;
@@ -237,14 +252,20 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--fused-only")) {
       fused_only = true;
-    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc &&
-               std::sscanf(argv[++i], "%dx%dx%dx%d", &c.rows, &c.context, &c.heads, &c.q) == 4 && c.q >= 1 &&
-               c.q <= kMaxQueries && c.rows >= c.q && c.rows % c.q == 0 && c.context >= c.q && c.heads >= 1) {
+    } else if (char varlen = 0, extra = 0;
+               !std::strcmp(argv[i], "--shape") && i + 1 < argc &&
+               [&] {
+                 const int n = std::sscanf(argv[++i], "%dx%dx%dx%d%c%c", &c.rows, &c.context, &c.heads, &c.q, &varlen,
+                                           &extra);
+                 c.spread = n == 5 ? 0.5 : 0.0;
+                 return n == 4 || (n == 5 && varlen == 'v');
+               }() &&
+               c.q >= 1 && c.q <= kMaxQueries && c.rows >= c.q && c.rows % c.q == 0 && c.context >= c.q && c.heads >= 1) {
       shapes.push_back(c);
     } else {
       std::fprintf(stderr,
                    "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] "
-                   "[--shape ROWSxCONTEXTxHxQ ...] (rows a multiple of q, 1 <= q <= %d)\n",
+                   "[--shape ROWSxCONTEXTxHxQ[v] ...] (rows a multiple of q, 1 <= q <= %d; v: varlen)\n",
                    argv[i], kMaxQueries);
       return 2;
     }
@@ -264,7 +285,7 @@ int main(int argc, char** argv) {
     if (!csv_path.empty() && csv == nullptr) throw Error("step_bench: cannot write --csv " + csv_path);
     if (csv) {
       std::fprintf(csv, "rows,context,heads,q,fused_us,stock_us,floor_us,fused_over_floor,stock_over_fused,gbs,tflops,"
-                        "stock_attention_us,stock_attention_over_fused,stock_out_rel_l2,stock_attention_out_rel_l2\n");
+                        "stock_attention_us,stock_attention_over_fused,stock_out_rel_l2,stock_attention_out_rel_l2,varlen\n");
     }
     std::printf("stock: the stock composition with our core; stock attention: the same with the stock attention of "
                 "core_bench_stock.cuh (DESIGN.md §6; skipped, '-', where its intermediates exceed %.0f GB). The last column: "
@@ -286,9 +307,15 @@ int main(int argc, char** argv) {
               if (rows % q == 0) shapes.push_back({rows, context, heads, q});
     }
     for (const bench::Config& c : shapes) {
-      const int rows = c.rows, context = c.context, heads = c.heads, q = c.q;
+      const int rows = c.rows, context = c.context, heads = c.heads, q = c.q, requests = c.requests();
       if (layers.count(heads) == 0) layers.emplace(heads, synth::make_layer(heads, 1));
-      const double kv_bytes = double(rows / q) * context * kKeyDim;
+      // The requests' tokens, and the tokens their rows see (row i of a request of length T sees T - q + i + 1).
+      double request_tokens = 0, visible = 0;
+      for (int r = 0; r < requests; ++r) {
+        request_tokens += c.length(r);
+        for (int i = 0; i < q; ++i) visible += c.length(r) - q + i + 1;
+      }
+      const double kv_bytes = request_tokens * kKeyDim;
       const double weight_bytes = 2.0 * heads * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank + kKvLoraRank * kVHeadDim);
       const int replicas = static_cast<int>(std::clamp(std::ceil(150e6 / (kv_bytes + weight_bytes)), 1.0, 8.0));
       std::vector<std::unique_ptr<bench::Replica>> copies;
@@ -297,11 +324,8 @@ int main(int argc, char** argv) {
 
       const double fused = timing::time_graph_us(
           stream, [&](int i) { copies[i % replicas]->mla->run(copies[i % replicas]->inputs, stream); });
-      double visible = 0;
-      for (int i = 0; i < q; ++i) visible += context - q + i + 1;
-      const timing::StepCost cost = timing::step_cost(heads, rows, double(rows / q) * context, visible * (rows / q));
+      const timing::StepCost cost = timing::step_cost(heads, rows, request_tokens, visible);
       const double floor = timing::floor_us(ceilings, cost.bytes(), cost.bf16_flops, cost.fp8_flops);
-      const int requests = rows / q;
       // --fused-only leaves every stock column empty (NaN: '-' in the table, nothing in the CSV).
       const double stock = fused_only ? std::nan("")
                                       : timing::time_graph_us(stream, [&](int i) {
@@ -309,9 +333,9 @@ int main(int argc, char** argv) {
                                         });
       std::unique_ptr<bench::StockCore> stock_attention;
       double stock_attention_us = std::nan("");
-      if (!fused_only && bench::StockCore::bytes(requests, q, heads, context) <= bench::kStockAttentionBudgetBytes) {
+      if (!fused_only && bench::StockCore::bytes(requests, q, heads, c.max_length()) <= bench::kStockAttentionBudgetBytes) {
         const StepInputs& inputs = copies[0]->inputs;  // every replica has the same shapes
-        stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, context,
+        stock_attention = std::make_unique<bench::StockCore>(requests, q, heads, c.max_length(),
                                                              static_cast<int>(inputs.block_table.shape[1]),
                                                              inputs.cache.stride[0]);
         stock_attention_us = timing::time_graph_us(
@@ -345,19 +369,19 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof text, format, v);
         return std::isnan(v) ? std::string(missing) : std::string(text);
       };
-      std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.2f | %s | %s | %.0f | %.1f | %s | %s | %s, %s%s |\n", rows,
-                  context, heads, q, fused, floor, fused / floor, cell("%.2f", stock, "-").c_str(),
+      std::printf("| %d | %d%s | %d | %d | %.2f | %.2f | %.2f | %s | %s | %.0f | %.1f | %s | %s | %s, %s%s |\n", rows,
+                  context, c.spread > 0 ? "v" : "", heads, q, fused, floor, fused / floor, cell("%.2f", stock, "-").c_str(),
                   cell("%.2f", stock / fused, "-").c_str(), cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6),
                   cell("%.2f", stock_attention_us, "-").c_str(), cell("%.2f", stock_attention_us / fused, "-").c_str(),
                   cell("%.1e", stock_err, "-").c_str(), cell("%.1e", stock_attention_err, "-").c_str(),
                   agree ? "" : " MISMATCH");
       std::fflush(stdout);
       if (csv) {
-        std::fprintf(csv, "%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%s,%.1f,%.2f,%s,%s,%s,%s\n", rows, context, heads, q, fused,
+        std::fprintf(csv, "%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%s,%.1f,%.2f,%s,%s,%s,%s,%d\n", rows, context, heads, q, fused,
                      cell("%.3f", stock, "").c_str(), floor, fused / floor, cell("%.3f", stock / fused, "").c_str(),
                      cost.bytes() / (fused * 1e3), cost.flops() / (fused * 1e6),
                      cell("%.3f", stock_attention_us, "").c_str(), cell("%.3f", stock_attention_us / fused, "").c_str(),
-                     cell("%.2e", stock_err, "").c_str(), cell("%.2e", stock_attention_err, "").c_str());
+                     cell("%.2e", stock_err, "").c_str(), cell("%.2e", stock_attention_err, "").c_str(), c.spread > 0 ? 1 : 0);
       }
     }
     if (csv && std::fclose(csv) != 0) throw Error("step_bench: cannot write --csv " + csv_path);
