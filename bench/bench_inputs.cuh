@@ -74,7 +74,6 @@ inline Weights device_weights(const synth::SyntheticLayer& layer, DeviceArena& a
   return w;
 }
 
-// A random permutation of the pages [0, n) (Fisher-Yates), so requests read scattered pages.
 // Request b's length in a varlen batch: uniform in context * [1 - spread, 1 + spread] by a hash of b (the
 // same every run, in every benchmark), at least 1; spread 0 gives the context.
 inline int varlen_length(int context, double spread, int b) {
@@ -87,6 +86,7 @@ inline int varlen_length(int context, double spread, int b) {
   return std::max(1, static_cast<int>(context * (1.0 - spread + 2.0 * spread * u)));
 }
 
+// A random permutation of the pages [0, n) (Fisher-Yates), so requests read scattered pages.
 inline std::vector<int32_t> shuffled_pages(int64_t n, synth::Rng& rng) {
   std::vector<int32_t> pages(n);
   std::iota(pages.begin(), pages.end(), 0);

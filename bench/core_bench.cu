@@ -60,9 +60,6 @@ struct Shape {
   double spread = 0;  // varlen: lengths uniform in context * [1 - spread, 1 + spread] (0 = all equal)
 };
 
-// Request b's length: the mean, or for varlen batches a hashed draw around it (the same every run).
-int request_length(const Shape& s, int b) { return mla::bench::varlen_length(s.context, s.spread, b); }
-
 struct Variant {
   const char* name;
   int kernel;  // CoreShape.kernel (0 = planned)
@@ -153,7 +150,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   MLA_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   std::vector<int32_t> len(s.batch);
   double total_tokens = 0;
-  for (int b = 0; b < s.batch; ++b) total_tokens += len[b] = request_length(s, b);
+  for (int b = 0; b < s.batch; ++b) total_tokens += len[b] = mla::bench::varlen_length(s.context, s.spread, b);
   MLA_CUDA_CHECK(cudaMemcpy(lengths, len.data(), len.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   mla::core::CoreShape shape;
