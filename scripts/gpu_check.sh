@@ -4,6 +4,8 @@
 # ./gpu-out): the logs packed into logs.tgz (the device tool returns at most 8 files), the step
 # benchmark's table, CSV and plot beside it; a short table of test results is printed last.
 #   scripts/gpu_check.sh [tests|python|bench|all]
+# FAMILIES (tests mode): the GPU test families to run, e.g. "core pipeline dcp value" (default: every
+# mla_gpu_*_tests binary, then mla_tests).
 set -uo pipefail
 build=${BUILD_DIR:-build}
 out=${OUT:-gpu-out}
@@ -12,7 +14,12 @@ logs="$out/logs"
 mkdir -p "$logs"
 summary=()
 if [[ $mode == tests || $mode == all ]]; then
-  for t in "$build"/tests/mla_gpu_*_tests "$build"/tests/mla_tests; do
+  tests=("$build"/tests/mla_gpu_*_tests "$build"/tests/mla_tests)
+  if [[ -n ${FAMILIES:-} ]]; then
+    tests=()
+    for family in $FAMILIES; do tests+=("$build/tests/mla_gpu_${family}_tests"); done
+  fi
+  for t in "${tests[@]}"; do
     name=$(basename "$t")
     timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 > "$logs/$name.log" 2>&1  # a hang cannot eat the device call
     rc=$?
