@@ -30,4 +30,7 @@ for b in "$build"/bench/*; do
   [[ -f $b && -x $b ]] && strip -o "$dest/bench/$(basename "$b")" "$b"
 done
 strip -o "$dest/mla-decode" "$build/mla-decode"
-echo "strip_build: $(du -sh "$dest" | cut -f1) in $dest ($(git -C "${src:-.}" rev-parse --short HEAD))"
+# The revision only where this script built it: a given BUILD may be of any checkout.
+from="from $build"
+[[ -n ${src:-} ]] && from=$(git -C "$src" rev-parse --short HEAD)
+echo "strip_build: $(du -sh "$dest" | cut -f1) in $dest ($from)"
