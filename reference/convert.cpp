@@ -82,8 +82,4 @@ uint16_t bf16_from_double(double x) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(as_float) >> 16);
 }
 
-double bf16_to_double(uint16_t bits) {
-  return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits) << 16));
-}
-
 }  // namespace mla::ref

@@ -101,58 +101,60 @@ SplitPartials core_partials(const CoreInputs& in, int num_splits) {
   partials.num_splits = num_splits;
   partials.splits.assign(num_splits, empty_result(in.rows, in.heads));
 
-  std::vector<double> keys;    // [local tokens, 576] of one request, decoded once
-  std::vector<double> logits;  // [tokens of one split]
+  std::vector<double> keys;  // [local tokens, 576] of one request, decoded once
   for (int64_t b = 0; b < in.rows / rows_per_request && b < num_requests; ++b) {
     const int64_t length = internal::read_index(in.lengths, b);
     const int64_t total = in.totals.present() ? internal::read_index(in.totals, b) : length;
     keys.resize(length * kKeyDim);
-    for (int64_t j = 0; j < length; ++j) {
+    parallel_for(length, kKeyDim, [&](int64_t j) {
       const int64_t page = internal::read_index(in.block_table, b, j / kPageSize);
       for (int d = 0; d < kKeyDim; ++d) {
         keys[j * kKeyDim + d] = fp8[*internal::cache_byte(in.cache, page, j % kPageSize, d)];
       }
-    }
+    });
     // Splits own whole pages so that a kernel's split never shares a page with its neighbour.
     const int64_t num_pages = (length + kPageSize - 1) / kPageSize;
     const int64_t pages_per_split = (num_pages + num_splits - 1) / num_splits;
 
-    for (int64_t i = 0; i < rows_per_request; ++i) {
+    // Each (row of the request, head) on its own, over every split.
+    parallel_for(rows_per_request * in.heads, length * (kKeyDim + kKvLoraRank), [&](int64_t row_head) {
+      const int64_t i = row_head / in.heads;
       const int64_t r = b * rows_per_request + i;
+      const int64_t rh = r * in.heads + row_head % in.heads;
       const int64_t last_visible = total - rows_per_request + i;  // global positions <= this are seen
+      std::array<double, kKeyDim> query;
+      for (int d = 0; d < kKeyDim; ++d) query[d] = fp8[in.query[rh * kKeyDim + d]];
+      std::vector<double> logits;  // [tokens of one split]
       for (int s = 0; s < num_splits; ++s) {
         const int64_t begin = std::min(length, s * pages_per_split * kPageSize);
         const int64_t end = std::min(length, (s + 1) * pages_per_split * kPageSize);
-        for (int h = 0; h < in.heads; ++h) {
-          const uint8_t* query = in.query + (r * in.heads + h) * kKeyDim;
-          logits.clear();
-          double max_logit = kMinusInf;
-          for (int64_t j = begin; j < end; ++j) {
-            if (dcp_global_position(j, in.dcp) > last_visible) {
-              logits.push_back(kMinusInf);
-              continue;
-            }
-            double dot = 0;
-            for (int d = 0; d < kKeyDim; ++d) dot += fp8[query[d]] * keys[j * kKeyDim + d];
-            logits.push_back(in.softmax_scale * dot);
-            max_logit = std::max(max_logit, logits.back());
+        logits.clear();
+        double max_logit = kMinusInf;
+        for (int64_t j = begin; j < end; ++j) {
+          if (dcp_global_position(j, in.dcp) > last_visible) {
+            logits.push_back(kMinusInf);
+            continue;
           }
-          if (max_logit == kMinusInf) continue;  // nothing visible in this split: 0 and -inf
-
-          CoreResult& split = partials.splits[s];
-          double* latent = split.latent.data() + (r * in.heads + h) * kKvLoraRank;
-          double sum = 0;
-          for (int64_t j = begin; j < end; ++j) {
-            const double p = std::exp(logits[j - begin] - max_logit);
-            if (p == 0) continue;
-            sum += p;
-            for (int c = 0; c < kKvLoraRank; ++c) latent[c] += p * keys[j * kKeyDim + c];
-          }
-          for (int c = 0; c < kKvLoraRank; ++c) latent[c] *= in.k_scale / sum;
-          split.lse[r * in.heads + h] = max_logit + std::log(sum);
+          double dot = 0;
+          for (int d = 0; d < kKeyDim; ++d) dot += query[d] * keys[j * kKeyDim + d];
+          logits.push_back(in.softmax_scale * dot);
+          max_logit = std::max(max_logit, logits.back());
         }
+        if (max_logit == kMinusInf) continue;  // nothing visible in this split: 0 and -inf
+
+        CoreResult& split = partials.splits[s];
+        double* latent = split.latent.data() + rh * kKvLoraRank;
+        double sum = 0;
+        for (int64_t j = begin; j < end; ++j) {
+          const double p = std::exp(logits[j - begin] - max_logit);
+          if (p == 0) continue;
+          sum += p;
+          for (int c = 0; c < kKvLoraRank; ++c) latent[c] += p * keys[j * kKeyDim + c];
+        }
+        for (int c = 0; c < kKvLoraRank; ++c) latent[c] *= in.k_scale / sum;
+        split.lse[rh] = max_logit + std::log(sum);
       }
-    }
+    });
   }
   return partials;
 }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "parallel_for.h"
 #include "reference.h"
 
 namespace mla::ref::internal {

@@ -82,18 +82,28 @@ void internal::query_stage_unchecked(const Weights& weights, const LayerDims& di
                                      uint8_t* query_out) {
   const int num_heads = dims.num_heads;
   const int64_t rows = step.projected.shape[0];
+  auto projected_row = [&](int64_t r) { return step.projected.as<const uint16_t>() + r * step.projected.stride[0]; };
+  std::vector<NormedRow> normed(rows);
+  parallel_for(rows, kQLoraRank + kKvLoraRank, [&](int64_t r) {
+    normed[r] = rms_norms(projected_row(r), weights.q_a_norm.as<const uint16_t>(),
+                          weights.kv_a_norm.as<const uint16_t>(), dims.rms_eps);
+  });
+  // Each (row, head) on its own: the head's q_b_proj rows, its W_UK slice, its 576 query bytes.
+  parallel_for(rows * num_heads, kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank, [&](int64_t row_head) {
+    const int64_t r = row_head / num_heads;
+    const int64_t h = row_head % num_heads;
+    const std::vector<double> q = q_b_projection(
+        normed[r].q_normed, weights.q_b_proj.as<const uint16_t>() + h * kQkHeadDim * kQLoraRank, 1);
+    const std::vector<double> q_latent =
+        absorb_w_uk(q, weights.w_uk_t.as<const uint16_t>() + h * kNopeDim * kKvLoraRank, 1);
+    quantize_query(q_latent, q, weights.q_scale, 1, query_out + row_head * kKeyDim);
+  });
+  // The cache rows in row order (a slot named twice keeps the last row's bytes, as before).
   std::vector<uint8_t> row_bytes(kKeyDim);
   for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* projected_row = step.projected.as<const uint16_t>() + r * step.projected.stride[0];
-    const NormedRow normed = rms_norms(projected_row, weights.q_a_norm.as<const uint16_t>(),
-                                       weights.kv_a_norm.as<const uint16_t>(), dims.rms_eps);
-    const std::vector<double> q = q_b_projection(normed.q_normed, weights.q_b_proj.as<const uint16_t>(), num_heads);
-    const std::vector<double> q_latent = absorb_w_uk(q, weights.w_uk_t.as<const uint16_t>(), num_heads);
-    quantize_query(q_latent, q, weights.q_scale, num_heads, query_out + r * num_heads * kKeyDim);
-
     const int64_t slot = internal::read_index(step.slots, r);
     if (slot < 0) continue;
-    cache_row(normed.kv_normed, projected_row, weights.k_scale, row_bytes.data());
+    cache_row(normed[r].kv_normed, projected_row(r), weights.k_scale, row_bytes.data());
     for (int d = 0; d < kKeyDim; ++d) {
       *internal::cache_byte(step.cache, slot / kPageSize, slot % kPageSize, d) = row_bytes[d];
     }

@@ -6,6 +6,7 @@
 // Host data: bf16 values are their 16 bits (uint16_t), FP8 values one byte (uint8_t).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -20,7 +21,10 @@ uint8_t e4m3_from_double(double x);
 double e4m3_to_double(uint8_t code);
 // bfloat16: round to nearest even; NaN stays NaN.
 uint16_t bf16_from_double(double x);
-double bf16_to_double(uint16_t bits);
+// Inline: the reference's projections decode a weight per multiply-add.
+inline double bf16_to_double(uint16_t bits) {
+  return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits) << 16));
+}
 inline double bf16_round(double x) { return bf16_to_double(bf16_from_double(x)); }
 
 // ---- Query stage (per row) ----------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 
+#include "parallel_for.h"
 #include "reference.h"
 
 namespace mla::synth {
@@ -246,21 +247,21 @@ SyntheticLayer make_layer(int num_heads, uint64_t seed) {
   Rng kva_rng(stream_seed(seed, kStreamKvaNorm));
   fill_random_bf16(layer.kv_a_norm, 1.0, 0.1, kva_rng);
 
-  // 2. Per-head projections, each head from its own stream.
+  // 2. Per-head projections, each head from its own stream (so the heads fill in parallel).
   const int64_t qb_head = int64_t{kQkHeadDim} * kQLoraRank;
   const int64_t uk_head = int64_t{kNopeDim} * kKvLoraRank;
   const int64_t uv_head = int64_t{kKvLoraRank} * kVHeadDim;
   layer.q_b_proj.resize(num_heads * qb_head);
   layer.w_uk_t.resize(num_heads * uk_head);
   layer.w_uv.resize(num_heads * uv_head);
-  for (int h = 0; h < num_heads; ++h) {
+  ref::parallel_for(num_heads, qb_head + uk_head + uv_head, [&](int64_t h) {
     Rng qb(stream_seed(seed, kStreamQbProj, h));
     fill_random_bf16(layer.q_b_proj.data() + h * qb_head, qb_head, 0.0, 1.0 / std::sqrt(1536.0), qb);
     Rng uk(stream_seed(seed, kStreamWukT, h));
     fill_random_bf16(layer.w_uk_t.data() + h * uk_head, uk_head, 0.0, 1.0 / std::sqrt(128.0), uk);
     Rng uv(stream_seed(seed, kStreamWuv, h));
     fill_random_bf16(layer.w_uv.data() + h * uv_head, uv_head, 0.0, 1.0 / std::sqrt(512.0), uv);
-  }
+  });
 
   // 3. q_scale: amax of the query values of 8 calibration rows on the first min(H, 8) heads.
   {
