@@ -6,7 +6,7 @@
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
-//              [--max-context TOKENS]
+//              [--max-context TOKENS] [--peer LIB.so]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
@@ -20,13 +20,18 @@
 // --max-context plans the split count (and kernel) for that many tokens instead of each shape's own longest request, as
 // PreparedMla does for a deployment's longest sequence (its default 1 << 17): a short request then fills only its first
 // splits (the others exit at once), which is the core's cost inside `step_bench`.
+// --peer times a peer's core (a shared library with bench/peer_core.h's interface, e.g. FP8 FlashMLA built in
+// the git-ignored peers/ folder) on the same inputs in the same run, and checks its LSE and latent against ours.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +42,7 @@
 #include "device_timing.h"
 #include "core/launch.h"
 #include "mla/dims.h"
+#include "peer_core.h"
 #include "synthetic.h"
 
 namespace {
@@ -74,12 +80,44 @@ constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::c
 
 constexpr float kSoftmaxScale = 0.0721688f;  // 1/sqrt(192), k_scale 1: the logits of ours and the stock path
 
+// A peer's core from --peer: its library and the four functions of bench/peer_core.h.
+class PeerCore {
+ public:
+  explicit PeerCore(const char* path) : library_(dlopen(path, RTLD_NOW | RTLD_LOCAL)) {
+    if (library_ == nullptr) throw std::runtime_error(std::string("--peer ") + path + ": " + dlerror());
+    name = symbol<decltype(&mla_peer_core_name)>("mla_peer_core_name");
+    prepare = symbol<decltype(&mla_peer_core_prepare)>("mla_peer_core_prepare");
+    run = symbol<decltype(&mla_peer_core_run)>("mla_peer_core_run");
+    release = symbol<decltype(&mla_peer_core_release)>("mla_peer_core_release");
+  }
+  ~PeerCore() { dlclose(library_); }
+  PeerCore(const PeerCore&) = delete;
+  PeerCore& operator=(const PeerCore&) = delete;
+
+  decltype(&mla_peer_core_name) name;
+  decltype(&mla_peer_core_prepare) prepare;
+  decltype(&mla_peer_core_run) run;
+  decltype(&mla_peer_core_release) release;
+
+ private:
+  template <typename F>
+  F symbol(const char* what) {
+    void* f = dlsym(library_, what);
+    if (f == nullptr) throw std::runtime_error(std::string("--peer: the library exports no ") + what);
+    return reinterpret_cast<F>(f);
+  }
+  void* library_;
+};
+
 struct Result {
   double us, gbs, pct, tflops;
   int splits, stages, ctas_per_sm, kernel, tile_rows;
   double stock_us = 0;         // with --stock
   double stock_lse_diff = 0;   // max |LSE(stock) - LSE(ours)| over the rows (set 0 of the page sets)
   double stock_latent_err = 0; // max over (row, head) of |latent(stock) - latent(ours)|_2 / |latent(ours)|_2
+  double peer_us = 0;          // with --peer (0: it cannot run the shape, peer_note says why)
+  std::string peer_note;
+  double peer_lse_diff = 0, peer_latent_err = 0;  // as the stock ones, peer vs ours
 };
 
 // The largest relative L2 difference of two device bf16 latents [rows * heads, 512].
@@ -119,7 +157,7 @@ double max_lse_diff(const float* a, const float* b, int64_t n) {
 constexpr int64_t kL2ResidentPages = 128;
 
 Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock,
-                   bool l2_resident, int64_t max_context) {
+                   const PeerCore* peer, bool l2_resident, int64_t max_context) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -210,6 +248,34 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
     r.stock_lse_diff = max_lse_diff(composition.lse, lse, rows * s.heads);
     r.stock_latent_err = max_latent_err(composition.latent, latent, rows * s.heads);
   }
+  if (peer != nullptr) {
+    const MlaPeerCoreShape peer_shape{.batch = s.batch, .q = s.q, .heads = s.heads, .max_pages = pages_per_request,
+                                      .num_pages = pool_pages, .lengths = lengths, .softmax_scale = kSoftmaxScale};
+    char error[256] = "";
+    void* state = peer->prepare(&peer_shape, stream, error, sizeof error);
+    if (state == nullptr) {
+      r.peer_note = error[0] ? error : "cannot run this shape";
+    } else {
+      void* peer_latent;
+      float* peer_lse;
+      MLA_CUDA_CHECK(cudaMalloc(&peer_latent, rows * s.heads * mla::kKvLoraRank * 2));
+      MLA_CUDA_CHECK(cudaMalloc(&peer_lse, rows * s.heads * sizeof(float)));
+      auto run_peer = [&](int i) {
+        const MlaPeerCoreIo io{.query = query, .cache = cache, .block_table = tables + (i % num_sets) * pages_per_set,
+                               .latent = peer_latent, .lse = peer_lse};
+        MLA_CUDA_CHECK(static_cast<cudaError_t>(peer->run(state, &io, stream)));
+      };
+      r.peer_us = mla::timing::time_graph_us(stream, run_peer, /*launches=*/20, /*replays=*/10);
+      mla::core::launch_core(plan, core_args(0), stream);
+      run_peer(0);
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      r.peer_lse_diff = max_lse_diff(peer_lse, lse, rows * s.heads);
+      r.peer_latent_err = max_latent_err(peer_latent, latent, rows * s.heads);
+      peer->release(state);
+      MLA_CUDA_CHECK(cudaFree(peer_latent));
+      MLA_CUDA_CHECK(cudaFree(peer_lse));
+    }
+  }
 
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
   MLA_CUDA_CHECK(cudaFree(cache));
@@ -230,6 +296,7 @@ int main(int argc, char** argv) {
   std::vector<int> split_counts;
   bool small_batch = false, with_stock = false, l2_resident = false;
   int64_t max_context = 0;  // 0: each shape's longest request
+  const char* peer_path = nullptr;
   std::vector<Shape> chosen_shapes;
   for (int i = 1; i < argc; ++i) {
     bool known = false;
@@ -253,6 +320,9 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
+    } else if (!std::strcmp(argv[i], "--peer") && i + 1 < argc) {
+      peer_path = argv[++i];
+      known = true;
     } else if (!std::strcmp(argv[i], "--max-context") && i + 1 < argc) {
       max_context = std::atoll(argv[++i]);
       known = max_context >= 1;
@@ -269,7 +339,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...] [--small-batch] [--splits N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so]\n",
                    argv[i]);
       return 2;
     }
@@ -277,6 +347,8 @@ int main(int argc, char** argv) {
   if (variants.empty()) variants.push_back(kVariants[0]);
   if (split_counts.empty()) split_counts.push_back(0);
   try {
+    std::unique_ptr<PeerCore> peer;  // loaded first: a bad library fails before any GPU work
+    if (peer_path != nullptr) peer = std::make_unique<PeerCore>(peer_path);
     cudaDeviceProp prop;
     MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double copy_gbs = mla::timing::measure_copy_gbs(nullptr);
@@ -303,6 +375,7 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s\n\n",
                   prop.name, prop.multiProcessorCount, copy_gbs);
     table += line;
+    if (peer) table += std::string("Peer (--peer): ") + peer->name() + ", on the same inputs in the same run.\n\n";
     if (l2_resident) table += "**--l2-resident: a diagnostic, every page read from a 128-page L2-resident pool.**\n\n";
     if (max_context > 0) {
       std::snprintf(line, sizeof line, "Splits planned for max_context = %lld tokens (--max-context).\n\n",
@@ -310,12 +383,20 @@ int main(int argc, char** argv) {
       table += line;
     }
     table += "| batch x context x H x q | variant | kernel | tile | stages | CTAs/SM | splits | µs | GB/s (visible KV) | % copy BW | TFLOP/s |";
-    table += with_stock ? " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |\n" : "\n";
-    table += with_stock ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    std::string rule = "|---|---|---|---|---|---|---|---|---|---|---|";
+    if (with_stock) {
+      table += " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |";
+      rule += "---|---|---|";
+    }
+    if (peer) {
+      table += " peer µs | peer % copy BW | peer TFLOP/s | peer/ours (time) | peer vs ours: max abs LSE diff, max latent rel. L2 |";
+      rule += "---|---|---|---|---|";
+    }
+    table += "\n" + rule + "\n";
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, l2_resident, max_context);
+          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, peer.get(), l2_resident, max_context);
           std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
                         r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : r.kernel == mla::core::kKernelWgmma ? "wgmma" : "wgmma-ws", r.tile_rows, r.stages,
@@ -327,6 +408,15 @@ int main(int argc, char** argv) {
             const bool agree = r.stock_lse_diff <= 2e-2 && r.stock_latent_err <= 2e-2;
             std::snprintf(line, sizeof line, " %.1f | %.2fx | %.1e, %.1e%s |", r.stock_us, r.stock_us / r.us,
                           r.stock_lse_diff, r.stock_latent_err, agree ? "" : " MISMATCH");
+            row += line;
+          }
+          if (peer && r.peer_us == 0) {
+            row += " - | - | - | - | cannot run: " + r.peer_note + " |";
+          } else if (peer) {
+            // Its own rounding (e.g. FP8 P·V) may keep its latent ~1e-2 from ours; the LSE must agree closely.
+            std::snprintf(line, sizeof line, " %.1f | %.1f | %.1f | %.2fx | %.1e, %.1e%s |", r.peer_us,
+                          r.pct * r.us / r.peer_us, r.tflops * r.us / r.peer_us, r.peer_us / r.us, r.peer_lse_diff,
+                          r.peer_latent_err, r.peer_lse_diff <= 1e-3 && r.peer_latent_err <= 5e-2 ? "" : " MISMATCH");
             row += line;
           }
           row += "\n";
