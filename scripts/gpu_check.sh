@@ -25,9 +25,11 @@ if [[ $mode == tests || $mode == all ]]; then
       summary+=("$(printf '%-26s missing: no %s (FAMILIES=%s)' "$name" "$t" "${FAMILIES:-}")")
       continue
     fi
+    start=$SECONDS
     timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 > "$logs/$name.log" 2>&1  # a hang cannot eat the device call
     rc=$?
-    summary+=("$(printf '%-26s rc=%d  %s' "$name" $rc "$(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/$name.log" | tr '\n' ' ')")")
+    summary+=("$(printf '%-26s rc=%d %4d s  %s' "$name" $rc $((SECONDS - start)) \
+                 "$(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/$name.log" | tr '\n' ' ')")")
   done
   "$build"/mla-decode run > "$logs/mla-decode-run.log" 2>&1
   summary+=("$(printf '%-26s rc=%d' mla-decode-run $?)")
