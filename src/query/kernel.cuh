@@ -278,7 +278,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
         }
       }
       write_cache_rows();
-      MLA_TIMELINE_MARK(p.timeline, kMarkEnd);
+      // The phases a rope CTA skips (cluster, sum, absorption) take no time in a timeline report.
+      for (int mark = kMarkPartials; mark <= kMarkEnd; ++mark) MLA_TIMELINE_MARK(p.timeline, mark);
       trigger_dependents();  // every store of this CTA is issued
       return;
     }
