@@ -16,7 +16,7 @@
 // With kRopeCtas (C = 1 only, QueryPlan.rope_ctas): the head CTAs (blockIdx.z < H) project only the 128 nope
 // features (warps 0-7) and the CTAs past them each project p.rope_tiles_per_cta 16-feature rope tiles of any heads
 // (a warp a tile, the whole K) and quantize them straight into the query's rope bytes: the SMs that no head
-// would occupy stream a third of q_b_proj (H = 96 on 132 SMs: 96 head CTAs of 8 tiles plus W_UK, 36 rope CTAs
+// would occupy stream a third of q_b_proj (H = 96 on 132 SMs: 96 head CTAs of 8 tiles plus W_UK, 35 rope CTAs
 // of up to 11 tiles, about the same bytes each, instead of 96 CTAs of 12 tiles plus W_UK).
 #pragma once
 

@@ -124,16 +124,10 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
                        std::to_string(cluster));
   plan.cluster_size = cluster;
   plan.smem_bytes = FusedSmemPlan{plan.row_tile, cluster}.bytes();
-  // Rope CTAs (kernel.cuh): with C = 1 and one row tile, the SMs that no head CTA occupies take the heads' rope
-  // tiles (16 features x the whole K each, a warp a tile), so that every SM streams q_b_proj: where each of them
-  // gets at most one tile a warp, i.e. about the bytes of a head CTA's 8 nope tiles plus its W_UK slice.
-  // NOTE: not yet measured (branch query-rope-ctas); H = 96 at <= 16 rows is the case (36 spare SMs of 132).
-  const int64_t rope_tiles = int64_t{plan.num_heads} * kRopeTilesPerHead;
-  const int64_t spare = int64_t{num_sms_of_device()} - plan.num_heads;
-  if (cluster == 1 && row_tiles == 1 && !overrides.no_rope_ctas && spare > 0 &&
-      (rope_tiles + spare - 1) / spare <= kFusedWarps) {
-    plan.rope_tiles_per_cta = int((rope_tiles + spare - 1) / spare);
-    plan.rope_ctas = int((rope_tiles + plan.rope_tiles_per_cta - 1) / plan.rope_tiles_per_cta);
+  if (!overrides.no_rope_ctas) {
+    const RopeCtas rope = choose_rope_ctas(plan.num_heads, cluster, row_tiles, num_sms_of_device());
+    plan.rope_ctas = rope.ctas;
+    plan.rope_tiles_per_cta = rope.tiles_per_cta;
   }
   plan.grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads + plan.rope_ctas));
   if (prepare_fused(plan.row_tile, cluster, plan.smem_bytes, plan.rope_ctas > 0) < 1)
@@ -215,6 +209,20 @@ std::string QueryPlan::describe() const {
   if (rope_ctas > 0) s << " (" << rope_ctas << " rope CTAs of " << rope_tiles_per_cta << " tiles)";
   s << " smem=" << smem_bytes << " workspace=" << workspace_bytes;
   return s.str();
+}
+
+// Rope CTAs (kernel.cuh): with C = 1 and one row tile, the SMs that no head CTA occupies take the heads' rope
+// tiles (16 features x the whole K each, a warp a tile), so that every SM streams q_b_proj: where each of them
+// gets at most one tile a warp, i.e. about the bytes of a head CTA's 8 nope tiles plus its W_UK slice.
+// NOTE: not yet measured (branch query-rope-ctas); H = 96 at <= 16 rows is the case (36 spare SMs of 132).
+RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms) {
+  const int rope_tiles = num_heads * kRopeTilesPerHead;
+  const int spare = num_sms - num_heads;
+  if (cluster != 1 || row_tiles != 1 || spare <= 0 || (rope_tiles + spare - 1) / spare > kFusedWarps) return {};
+  RopeCtas rope;
+  rope.tiles_per_cta = (rope_tiles + spare - 1) / spare;
+  rope.ctas = (rope_tiles + rope.tiles_per_cta - 1) / rope.tiles_per_cta;
+  return rope;
 }
 
 QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides& overrides) {

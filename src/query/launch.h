@@ -48,6 +48,15 @@ struct QueryPlan {
   std::string describe() const;  // "rows=16 H=12 row_tile=16 cluster=8 ..." for logs and benchmarks
 };
 
+// The fused plan's rope CTAs (QueryPlan.rope_ctas, kernel.cuh) for H heads at cluster size C over `row_tiles`
+// row tiles on `num_sms` SMs: {CTAs, 16-feature rope tiles a CTA}, or {0, 0}. Only at C = 1 with one row tile,
+// and only where the SMs no head CTA occupies can take every rope tile with at most one a warp (pure host rule).
+struct RopeCtas {
+  int ctas = 0;
+  int tiles_per_cta = 0;
+};
+RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms);
+
 // Throws mla::Error for rows outside 1..512, H outside 1..128 or invalid overrides (including a
 // (row_tile, cluster_size) whose shared memory does not fit or whose cluster cannot be scheduled).
 // Sets the kernels' dynamic shared-memory limits (host-side, once).
