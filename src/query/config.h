@@ -16,6 +16,7 @@ namespace mla::query {
 inline constexpr int kFeatureTile = 16;                          // mma M
 inline constexpr int kKChunk = 32;                               // k per 16-byte load of each lane (2 mma k-steps)
 inline constexpr int kTilesPerHead = kQkHeadDim / kFeatureTile;  // 12
+inline constexpr int kRopeTilesPerHead = kRopeDim / kFeatureTile;  // 4: the last tiles of a head
 static_assert(kQkHeadDim % kFeatureTile == 0, "head rows must tile by 16");
 static_assert(kQLoraRank % kKChunk == 0, "q_lora_rank must tile by 32");
 

@@ -13,6 +13,11 @@
 //      distributed shared memory (rank 0 also quantizes the rope part and, for tests, stores the fp32 q);
 //   5. ql = q_nope . W_UK_T[h][:, its columns] on mma.sync, e4m3, 16-byte stores;
 //   6. waits until every peer has read its partials, then triggers its dependents.
+// With kRopeCtas (C = 1 only, QueryPlan.rope_ctas): the head CTAs (blockIdx.z < H) project only the 128 nope
+// features (warps 0-7) and the CTAs past them each project p.rope_tiles_per_cta 16-feature rope tiles of any heads
+// (a warp a tile, the whole K) and quantize them straight into the query's rope bytes: the SMs that no head
+// would occupy stream a third of q_b_proj (H = 96 on 132 SMs: 96 head CTAs of 8 tiles plus W_UK, 35 rope CTAs
+// of up to 11 tiles, about the same bytes each, instead of 96 CTAs of 12 tiles plus W_UK).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -36,8 +41,9 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-template <int kNTiles, int kCluster>
+template <int kNTiles, int kCluster, bool kRopeCtas>
 __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __grid_constant__ QueryParams p) {
+  static_assert(!kRopeCtas || kCluster == 1, "rope CTAs only with whole-K head CTAs (C = 1)");
   constexpr int kRowTile = 8 * kNTiles;
   constexpr FusedSmemPlan kPlan{kRowTile, kCluster};
   constexpr int kSplitLen = kPlan.split_len(), kCols = kPlan.cols();
@@ -57,14 +63,28 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   const int g = lane / 4, t = lane % 4;
   const int rank = blockIdx.x;  // == the cluster rank: the cluster spans grid x exactly
   const int row0 = blockIdx.y * kRowTile;
-  const int head = blockIdx.z;
+  const bool rope_cta = kRopeCtas && int(blockIdx.z) >= p.num_heads;
+  const int head = blockIdx.z;  // a head CTA's head (rope CTAs: unused)
   const int rows_here = min(kRowTile, p.num_rows - row0);
+  // This warp's 16-feature tile of q_b_proj: rows tile_head * 192 + tile_feature + [0, 16), if it has one.
+  int tile_head = head, tile_feature = warp * kFeatureTile;
+  bool has_tile = true;
+  if constexpr (kRopeCtas) {
+    if (rope_cta) {
+      const int tile = (int(blockIdx.z) - p.num_heads) * p.rope_tiles_per_cta + warp;  // of the H * 4 rope tiles
+      has_tile = warp < p.rope_tiles_per_cta && tile < p.num_heads * kRopeTilesPerHead;
+      tile_head = tile / kRopeTilesPerHead;
+      tile_feature = kNopeDim + (tile % kRopeTilesPerHead) * kFeatureTile;
+    } else {
+      has_tile = tile_feature < kNopeDim;  // warps 0-7: the nope features
+    }
+  }
   const int k0 = rank * kSplitLen, col0 = rank * kCols;
   const int num_features = p.num_heads * kQkHeadDim;
   MLA_TIMELINE_MARK(p.timeline, kMarkStart);
 
   // Phase 0: weight traffic that does not depend on the producer, issued before the wait.
-  {
+  if (!rope_cta) {
     const __nv_bfloat16* src = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
     constexpr int kVecsPerRow = kCols / 8;
     for (int i = threadIdx.x; i < kNopeDim * kVecsPerRow; i += kFusedThreads) {
@@ -76,12 +96,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   // Warp w owns features [16w, 16w+16) of the head; lane (g, t) streams rows g and g+8 of that tile
   // at k = k0 + 32c + 8t (the permutation of k that the B fragments below repeat; see proj_kernel).
   const __nv_bfloat16* w_lo =
-      p.q_b_proj + (int64_t(head) * kQkHeadDim + warp * kFeatureTile + g) * kQLoraRank + k0 + t * 8;
+      p.q_b_proj + (int64_t(tile_head) * kQkHeadDim + tile_feature + g) * kQLoraRank + k0 + t * 8;
   const __nv_bfloat16* w_hi = w_lo + 8 * kQLoraRank;
   uint4 a_lo[kFusedPrefetch], a_hi[kFusedPrefetch];
 #pragma unroll
   for (int i = 0; i < kFusedPrefetch; ++i) {
-    if (i < kNumChunks) {
+    if (i < kNumChunks && has_tile) {
       a_lo[i] = load_stream(w_lo + i * kKChunk);
       a_hi[i] = load_stream(w_hi + i * kKChunk);
     }
@@ -159,7 +179,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   float acc[kNTiles][4];
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  {
+  if (has_tile) {
     const __nv_bfloat16* b_base = s_qn + g * kQnStride + t * 8;
 #pragma unroll 1
     for (int c0 = 0; c0 < kNumChunks; c0 += kFusedPrefetch) {
@@ -186,23 +206,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   __syncthreads();  // every warp is done with s_qn: region A becomes the partial tile
   MLA_TIMELINE_MARK(p.timeline, kMarkProjected);
 
-  // Phase 3: partial tile [row][feature] (fp32). d0 (feature g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t),
-  // d3 (g+8, 2t+1) of n-tile n.
-  {
-    float* dst = s_part + warp * kFeatureTile + g;
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int r = n * 8 + 2 * t;
-      dst[r * kPartialStride] = acc[n][0];
-      dst[(r + 1) * kPartialStride] = acc[n][1];
-      dst[r * kPartialStride + 8] = acc[n][2];
-      dst[(r + 1) * kPartialStride + 8] = acc[n][3];
-    }
-  }
-
   // Cache rows: e4m3([RMSNorm(kv_a) | k_pe] * inv_k_scale), one warp per row, the tile's rows spread
   // over every CTA of the row tile (done here: it fills the wait for the slowest peer).
-  {
+  auto write_cache_rows = [&]() {
     const int ctas = gridDim.x * gridDim.z;
     const int cta = blockIdx.z * gridDim.x + blockIdx.x;
     for (int rr = cta + ctas * warp; rr < rows_here; rr += ctas * kFusedWarps) {
@@ -242,7 +248,58 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
         *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = e4m3x8(k, p.inv_k_scale);
       }
     }
+  };
+
+  // A rope CTA's tiles are whole q features: bf16, then e4m3 into the query's rope bytes (and, for tests, the
+  // fp32 q); then its share of the cache rows, and it is done (no partials, no absorption).
+  if constexpr (kRopeCtas) {
+    if (rope_cta) {
+      if (has_tile) {
+        const int f = tile_feature - kNopeDim + g;  // this thread's features f and f + 8 of the rope part
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int row = row0 + n * 8 + 2 * t + e;
+            if (row >= p.num_rows) continue;
+            const float lo = acc[n][e], hi = acc[n][2 + e];  // features f, f + 8
+            if (p.workspace != nullptr) {
+              float* ws = p.workspace + int64_t(row) * num_features + tile_head * kQkHeadDim + kNopeDim + f;
+              ws[0] = lo;
+              ws[8] = hi;
+            }
+            const float q_lo = __bfloat162float(__float2bfloat16_rn(lo)), q_hi = __bfloat162float(__float2bfloat16_rn(hi));
+            const uint16_t bytes = e4m3x2(q_lo * p.inv_q_scale, q_hi * p.inv_q_scale);
+            uint8_t* dst =
+                p.query + (int64_t(row) * p.num_heads_out + p.head_offset + tile_head) * kKeyDim + kKvLoraRank + f;
+            dst[0] = uint8_t(bytes & 0xff);
+            dst[8] = uint8_t(bytes >> 8);
+          }
+        }
+      }
+      write_cache_rows();
+      // The phases a rope CTA skips (cluster, sum, absorption) take no time in a timeline report.
+      for (int mark = kMarkPartials; mark <= kMarkEnd; ++mark) MLA_TIMELINE_MARK(p.timeline, mark);
+      trigger_dependents();  // every store of this CTA is issued
+      return;
+    }
   }
+
+  // Phase 3: partial tile [row][feature] (fp32). d0 (feature g, row 2t), d1 (g, 2t+1), d2 (g+8, 2t),
+  // d3 (g+8, 2t+1) of n-tile n.
+  {
+    float* dst = s_part + warp * kFeatureTile + g;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int r = n * 8 + 2 * t;
+      dst[r * kPartialStride] = acc[n][0];
+      dst[(r + 1) * kPartialStride] = acc[n][1];
+      dst[r * kPartialStride + 8] = acc[n][2];
+      dst[(r + 1) * kPartialStride + 8] = acc[n][3];
+    }
+  }
+
+  write_cache_rows();
 
   // Phase 4: every partial tile of the cluster is written and visible (release/acquire).
   MLA_TIMELINE_MARK(p.timeline, kMarkPartials);
@@ -255,10 +312,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     const float* parts[kCluster];
 #pragma unroll
     for (int r = 0; r < kCluster; ++r) parts[r] = cluster.map_shared_rank(s_part, r);
-    // Rank 0 also owns the rope features (48 float4 groups a row; the others take the 32 nope ones).
+    // Rank 0 also owns the rope features (48 float4 groups a row; the others take the 32 nope ones), unless
+    // rope CTAs do (kRopeCtas).
     // NOTE: two items per thread per round: their 2*C distributed-shared-memory loads are in flight
     // together (one round trip each would dominate at C = 16).
-    const int vec_per_row = rank == 0 ? kQkHeadDim / 4 : kNopeDim / 4;
+    const int vec_per_row = rank == 0 && !kRopeCtas ? kQkHeadDim / 4 : kNopeDim / 4;
     // Only the batch's rows: at 1 row of an 8-row tile this is 8x less distributed-shared-memory
     // traffic (H=12 rows=1: 8.0 -> 6.7 µs). Rows past the batch stay unset in s_q; their mma outputs
     // (one n column each) are never stored.

@@ -15,10 +15,10 @@ namespace {
 
 using FusedKernel = void (*)(QueryParams);
 
-template <int kRowTile, int kCluster>
+template <int kRowTile, int kCluster, bool kRopeCtas = false>
 FusedKernel fused_instance() {
-  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta) {
-    return fused_query_kernel<kRowTile / 8, kCluster>;
+  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta && (!kRopeCtas || kCluster == 1)) {
+    return fused_query_kernel<kRowTile / 8, kCluster, kRopeCtas>;
   } else {
     return nullptr;
   }
@@ -27,7 +27,11 @@ FusedKernel fused_instance() {
 // The one table of fused_query_kernel instantiations: (row tile, cluster size) -> kernel, or null
 // where the shared-memory plan does not fit (C = 1 holds at most 16 rows) or the pair is not one.
 // NOTE: no C = 16 (non-portable clusters): it was the slowest size at every shape of the sweep.
-FusedKernel fused_kernel_for(int row_tile, int cluster) {
+FusedKernel fused_kernel_for(int row_tile, int cluster, bool rope_ctas = false) {
+  if (rope_ctas) {  // C = 1 with up to 16 rows only (QueryPlan.rope_ctas)
+    if (cluster != 1) return nullptr;
+    return row_tile == 8 ? fused_instance<8, 1, true>() : row_tile == 16 ? fused_instance<16, 1, true>() : nullptr;
+  }
   auto for_rows = [row_tile](auto c) -> FusedKernel {
     constexpr int kC = decltype(c)::value;
     switch (row_tile) {
@@ -49,10 +53,17 @@ FusedKernel fused_kernel_for(int row_tile, int cluster) {
 
 bool valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8; }
 
+int num_sms_of_device() {
+  int device = 0, num_sms = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  return num_sms;
+}
+
 // Sets the fused kernel's attributes for (row tile, C) and returns how many of its clusters can be
 // resident at once (0: the configuration cannot run on this device).
-int prepare_fused(int row_tile, int cluster, size_t smem) {
-  FusedKernel kernel = fused_kernel_for(row_tile, cluster);
+int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false) {
+  FusedKernel kernel = fused_kernel_for(row_tile, cluster, rope_ctas);
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -90,14 +101,14 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     throw_bad_argument("row_tile", "8, 16, 32 or 64", std::to_string(overrides.row_tile));
   if (overrides.cluster_size && !valid_cluster(overrides.cluster_size))
     throw_bad_argument("cluster_size", "1, 2, 4 or 8", std::to_string(overrides.cluster_size));
+  if (overrides.no_rope_ctas != 0 && overrides.no_rope_ctas != 1)
+    throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
   const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
   const int64_t clusters = int64_t(row_tiles) * plan.num_heads;
   int cluster = overrides.cluster_size;
   if (!cluster) {
-    int device = 0, num_sms = 0;
-    MLA_CUDA_CHECK(cudaGetDevice(&device));
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    const int num_sms = num_sms_of_device();
     for (int c : {8, 4, 2, 1}) {
       if (fused_kernel_for(plan.row_tile, c) == nullptr) continue;
       const int active = prepare_fused(plan.row_tile, c, FusedSmemPlan{plan.row_tile, c}.bytes());
@@ -112,9 +123,14 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     throw_bad_argument("cluster_size", "a size whose shared memory fits " + std::to_string(plan.row_tile) + " rows",
                        std::to_string(cluster));
   plan.cluster_size = cluster;
-  plan.grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads));
   plan.smem_bytes = FusedSmemPlan{plan.row_tile, cluster}.bytes();
-  if (prepare_fused(plan.row_tile, cluster, plan.smem_bytes) < 1)
+  if (!overrides.no_rope_ctas) {
+    const RopeCtas rope = choose_rope_ctas(plan.num_heads, cluster, row_tiles, num_sms_of_device());
+    plan.rope_ctas = rope.ctas;
+    plan.rope_tiles_per_cta = rope.tiles_per_cta;
+  }
+  plan.grid = dim3(unsigned(cluster), unsigned(row_tiles), unsigned(plan.num_heads + plan.rope_ctas));
+  if (prepare_fused(plan.row_tile, cluster, plan.smem_bytes, plan.rope_ctas > 0) < 1)
     throw_bad_argument("cluster_size", "a cluster this device can schedule", std::to_string(cluster));
   plan.workspace_bytes = overrides.store_q ? size_t(rows) * plan.num_heads * kQkHeadDim * sizeof(float) : 0;
 }
@@ -124,10 +140,10 @@ inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
-  if (overrides.cluster_size || overrides.store_q || overrides.row_tile)
-    throw_bad_argument("cluster_size/store_q/row_tile", "0 for the GEMM path",
+  if (overrides.cluster_size || overrides.store_q || overrides.row_tile || overrides.no_rope_ctas)
+    throw_bad_argument("cluster_size/store_q/row_tile/no_rope_ctas", "0 for the GEMM path",
                        std::to_string(overrides.cluster_size) + "/" + std::to_string(overrides.store_q) + "/" +
-                           std::to_string(overrides.row_tile));
+                           std::to_string(overrides.row_tile) + "/" + std::to_string(overrides.no_rope_ctas));
   plan.path = QueryPath::kGemm;
   plan.grid = dim3(unsigned(kKvLoraRank / kAbsorbCols), unsigned((plan.rows + kAbsorbRowTile - 1) / kAbsorbRowTile),
                    unsigned(plan.num_heads));
@@ -189,8 +205,24 @@ std::string QueryPlan::describe() const {
     return s.str();
   }
   s << "rows=" << rows << " H=" << num_heads << " fused row_tile=" << row_tile << " cluster=" << cluster_size
-    << " grid=" << grid.x << "x" << grid.y << "x" << grid.z << " smem=" << smem_bytes << " workspace=" << workspace_bytes;
+    << " grid=" << grid.x << "x" << grid.y << "x" << grid.z;
+  if (rope_ctas > 0) s << " (" << rope_ctas << " rope CTAs of " << rope_tiles_per_cta << " tiles)";
+  s << " smem=" << smem_bytes << " workspace=" << workspace_bytes;
   return s.str();
+}
+
+// Rope CTAs (kernel.cuh): with C = 1 and one row tile, the SMs that no head CTA occupies take the heads' rope
+// tiles (16 features x the whole K each, a warp a tile), so that every SM streams q_b_proj: where each of them
+// gets at most one tile a warp, i.e. about the bytes of a head CTA's 8 nope tiles plus its W_UK slice.
+// NOTE: not yet measured (branch query-rope-ctas); H = 96 at <= 16 rows is the case (36 spare SMs of 132).
+RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms) {
+  const int rope_tiles = num_heads * kRopeTilesPerHead;
+  const int spare = num_sms - num_heads;
+  if (cluster != 1 || row_tiles != 1 || spare <= 0 || (rope_tiles + spare - 1) / spare > kFusedWarps) return {};
+  RopeCtas rope;
+  rope.tiles_per_cta = (rope_tiles + spare - 1) / spare;
+  rope.ctas = (rope_tiles + rope.tiles_per_cta - 1) / rope.tiles_per_cta;
+  return rope;
 }
 
 QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides& overrides) {
@@ -248,6 +280,7 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   p.inv_k_scale = 1.0f / args.k_scale;
   p.num_rows = int(plan.rows);
   p.num_heads = plan.num_heads;
+  p.rope_tiles_per_cta = plan.rope_tiles_per_cta;
   p.query = static_cast<uint8_t*>(args.query);
   p.num_heads_out = num_heads_out;
   p.head_offset = args.head_offset;
@@ -280,7 +313,7 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = pdl ? 2 : 1;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, fused_kernel_for(plan.row_tile, plan.cluster_size), p));
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, fused_kernel_for(plan.row_tile, plan.cluster_size, plan.rope_ctas > 0), p));
 }
 
 }  // namespace mla::query

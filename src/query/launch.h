@@ -22,11 +22,12 @@ struct QueryPlanOverrides {
   int cluster_size = 0;  // fused: CTAs per (head, row tile): 1, 2, 4 or 8 (1 holds at most 16 rows)
   int store_q = 0;       // fused: 1 = store the fp32 q (before its bf16 rounding) in the workspace (tests)
   int row_tile = 0;      // fused: rows per cluster: 8, 16, 32 or 64
+  int no_rope_ctas = 0;  // fused: 1 = no rope CTAs even where the planner would add them (QueryPlan.rope_ctas)
 };
 
 enum class QueryPath { kFused = 1, kGemm = 2 };
 
-// The fused path: one fused_query_kernel launch, grid (C, row tiles, H), clusters of C CTAs along x.
+// The fused path: one fused_query_kernel launch, grid (C, row tiles, H + rope CTAs), clusters of C CTAs along x.
 // The GEMM path (large batches): gemm_norm_kernel, the cuBLAS q_b_proj GEMM, gemm_absorb_kernel.
 struct QueryPlan {
   int64_t rows = 0;
@@ -34,6 +35,8 @@ struct QueryPlan {
   QueryPath path = QueryPath::kFused;
   int row_tile = 8;      // rows per cluster (8 * n-tiles)
   int cluster_size = 1;  // C
+  int rope_ctas = 0;           // fused, C = 1, one row tile: CTAs past the H head CTAs that project the heads'
+  int rope_tiles_per_cta = 0;  //   rope features, this many 16-feature tiles each (kernel.cuh); 0 = none
   dim3 grid;
   size_t smem_bytes = 0;
   // Fused: 0, or with store_q the fp32 q [rows, H*192]. GEMM path: the cuBLAS workspace, then qn
@@ -44,6 +47,15 @@ struct QueryPlan {
 
   std::string describe() const;  // "rows=16 H=12 row_tile=16 cluster=8 ..." for logs and benchmarks
 };
+
+// The fused plan's rope CTAs (QueryPlan.rope_ctas, kernel.cuh) for H heads at cluster size C over `row_tiles`
+// row tiles on `num_sms` SMs: {CTAs, 16-feature rope tiles a CTA}, or {0, 0}. Only at C = 1 with one row tile,
+// and only where the SMs no head CTA occupies can take every rope tile with at most one a warp (pure host rule).
+struct RopeCtas {
+  int ctas = 0;
+  int tiles_per_cta = 0;
+};
+RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms);
 
 // Throws mla::Error for rows outside 1..512, H outside 1..128 or invalid overrides (including a
 // (row_tile, cluster_size) whose shared memory does not fit or whose cluster cannot be scheduled).

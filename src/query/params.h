@@ -22,6 +22,7 @@ struct QueryParams {
   float inv_k_scale = 1.0f;                  // multiplies the cache row before e4m3 (1 / k_scale)
   int num_rows = 0;
   int num_heads = 0;                         // H: heads computed here
+  int rope_tiles_per_cta = 0;                // rope CTAs (QueryPlan.rope_ctas): 16-feature rope tiles each
 
   // ---- Outputs ----
   uint8_t* query = nullptr;                  // [num_rows, num_heads_out, 576] e4m3 bytes, contiguous

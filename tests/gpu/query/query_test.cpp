@@ -579,6 +579,22 @@ TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
   }
 }
 
+// Rope CTAs (C = 1, one row tile, spare SMs: QueryPlan.rope_ctas): both row tiles, a partial last rope CTA,
+// against the reference and with the rope CTAs turned off.
+TEST(Query, RopeCtasGiveTheSameBytes) {
+  MLA_REQUIRE_GPU();
+  for (const auto& [H, rows] : {std::pair{96, 16}, std::pair{96, 5}, std::pair{80, 9}, std::pair{70, 1}}) {
+    const QueryPlan plan = query::make_query_plan(rows, H);
+    EXPECT_GT(plan.rope_ctas, 0) << "H=" << H << " rows=" << rows << " planned no rope CTAs (" << plan.describe()
+                                 << "): this test expects >= 114 SMs (H100, H200)";
+    for (int no_rope_ctas : {0, 1}) {
+      Case c{H, rows};
+      c.overrides.no_rope_ctas = no_rope_ctas;
+      run_case(c);
+    }
+  }
+}
+
 TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(0, 12), Error);
   EXPECT_THROW(query::make_query_plan(513, 12), Error);
@@ -590,6 +606,8 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 16}), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.path = 3}), Error);
   EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .cluster_size = 2}), Error);  // a fused option
+  EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .no_rope_ctas = 1}), Error);   // likewise
+  EXPECT_THROW(query::make_query_plan(4, 96, {.no_rope_ctas = 2}), Error);
 }
 
 TEST(Query, GemmPathWithoutCublasHandleThrows) {
