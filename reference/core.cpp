@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "parallel_for.h"
 #include "reference.h"
 
 namespace mla::ref {

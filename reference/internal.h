@@ -3,7 +3,6 @@
 
 #include <cstdint>
 
-#include "parallel_for.h"
 #include "reference.h"
 
 namespace mla::ref::internal {

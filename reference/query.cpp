@@ -6,6 +6,7 @@
 
 #include "host/validate.h"
 #include "internal.h"
+#include "parallel_for.h"
 #include "reference.h"
 
 namespace mla::ref {

@@ -17,7 +17,7 @@ using FusedKernel = void (*)(QueryParams);
 
 template <int kRowTile, int kCluster, bool kRopeCtas = false>
 FusedKernel fused_instance() {
-  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta && (!kRopeCtas || kCluster == 1)) {
+  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta) {
     return fused_query_kernel<kRowTile / 8, kCluster, kRopeCtas>;
   } else {
     return nullptr;
@@ -214,7 +214,7 @@ std::string QueryPlan::describe() const {
 // Rope CTAs (kernel.cuh): with C = 1 and one row tile, the SMs that no head CTA occupies take the heads' rope
 // tiles (16 features x the whole K each, a warp a tile), so that every SM streams q_b_proj: where each of them
 // gets at most one tile a warp, i.e. about the bytes of a head CTA's 8 nope tiles plus its W_UK slice.
-// NOTE: not yet measured (branch query-rope-ctas); H = 96 at <= 16 rows is the case (36 spare SMs of 132).
+// Measured (H100, bench/results/query.md): H = 96 at <= 16 rows (36 spare SMs of 132) 4-8 % faster.
 RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms) {
   const int rope_tiles = num_heads * kRopeTilesPerHead;
   const int spare = num_sms - num_heads;
