@@ -153,6 +153,92 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// The pages of `request` (0 for a padded one).
+__device__ __forceinline__ int request_pages(const int32_t* lengths, int num_requests, int request) {
+  return request < num_requests ? (lengths[request] + kPageSize - 1) / kPageSize : 0;
+}
+
+// A request's CTA slots under the balanced rule (split_rule.h, first_slot): slots [first, first + count).
+struct RequestSlots {
+  int first = 0;
+  int count = 1;
+};
+
+// Calls visit(request, RequestSlots) for every request of the batch, each by one thread of the block: the
+// batch's pages dealt ceil(grid_requests / blockDim) requests a thread, in order, and scanned block-wide
+// through `warp_totals` (32 in shared memory). Every thread of the block must call it (it has barriers).
+// Reads host-written lengths only: runs before the PDL wait. With one planned split or one request the
+// slots need no pages (num_splits each) and no thread loads anything.
+template <class Visit>
+__device__ __forceinline__ void for_each_request_slots(const int32_t* lengths, int num_requests, int grid_requests,
+                                                       int num_splits, int64_t* warp_totals, Visit visit) {
+  const int threads = static_cast<int>(blockDim.x);
+  const int per_thread = (grid_requests + threads - 1) / threads;
+  const int first_request = static_cast<int>(threadIdx.x) * per_thread;
+  const int count = max(0, min(per_thread, grid_requests - first_request));
+  if (num_splits == 1 || grid_requests == 1) {
+    for (int i = 0; i < count; ++i) visit(first_request + i, RequestSlots{(first_request + i) * num_splits, num_splits});
+    return;
+  }
+  int64_t mine = 0;
+  for (int i = 0; i < count; ++i) mine += request_pages(lengths, num_requests, first_request + i);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t inclusive = mine;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int64_t other = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += other;
+  }
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  const int warps = threads / 32;
+  if (warp == 0) {
+    int64_t w = lane < warps ? warp_totals[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int64_t other = __shfl_up_sync(0xffffffffu, w, off);
+      if (lane >= off) w += other;
+    }
+    if (lane < warps) warp_totals[lane] = w;  // inclusive over the warps
+  }
+  __syncthreads();
+  const int64_t total = warp_totals[warps - 1];
+  int64_t before = (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - mine;
+  __syncthreads();  // warp_totals may be read again by the next call
+  for (int i = 0; i < count; ++i) {
+    const int r = first_request + i;
+    const int pages = request_pages(lengths, num_requests, r);
+    const int first = first_slot(r, before, total, num_splits, grid_requests);
+    visit(r, RequestSlots{first, first_slot(r + 1, before + pages, total, num_splits, grid_requests) - first});
+    before += pages;
+  }
+}
+
+// The request, split and slot count of CTA slot `slot` (blockIdx.y of the split kernels). Every thread of the
+// block calls it (barriers), before the PDL wait, with `scratch`: shared memory that nothing else uses until
+// the block's next barrier (the split kernels lend the start of their page ring, first written after the wait).
+// NOTE: not static __shared__: the wgmma kernels need their dynamic shared memory 1024-byte aligned.
+struct SlotSplit {
+  int request = 0;
+  int split = 0;       // within the request: 0 .. splits - 1
+  int splits = 1;      // the request's slots
+  int first_slot = 0;  // its first slot
+};
+struct SlotSplitScratch {
+  int64_t warp_totals[32];
+  SlotSplit found;
+};
+__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, SlotSplitScratch& scratch) {
+  for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, scratch.warp_totals,
+                         [&](int r, RequestSlots s) {
+                           if (slot >= s.first && slot < s.first + s.count) {
+                             scratch.found = SlotSplit{r, slot - s.first, s.count, s.first};
+                           }
+                         });
+  __syncthreads();
+  return scratch.found;
+}
+
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
 // runs before the PDL wait.
 // NOTE: the kernels unpack it with a structured binding, in the order of its fields.
@@ -163,13 +249,13 @@ struct SplitPages {
   int num_pages = 0;           // pages of this split (0 for an empty split)
   bool writes_nothing = false; // empty, and merged by the combine (> 1 split): the CTA exits at once
 };
-__device__ __forceinline__ SplitPages split_pages(const CoreParams& p, int request, int split) {
+__device__ __forceinline__ SplitPages split_pages(const CoreParams& p, const SlotSplit& slot) {
   SplitPages s;
-  if (request < p.num_requests) {
-    s.length = p.lengths[request];
-    s.total = p.totals != nullptr ? p.totals[request] : s.length;
+  if (slot.request < p.num_requests) {
+    s.length = p.lengths[slot.request];
+    s.total = p.totals != nullptr ? p.totals[slot.request] : s.length;
   }
-  const SplitRange range = split_range(s.length, p.num_splits, split);
+  const SplitRange range = split_range(s.length, slot.splits, slot.split);
   s.page_begin = range.page_begin;
   s.num_pages = range.num_pages;
   // With one split the request's latent is the output, so an empty request still writes its zeros / -inf.
@@ -187,9 +273,9 @@ __device__ __forceinline__ void e4m3x16_to_f16_permuted(const uint4& v, uint4& l
 }
 
 // Latent dims [dim, dim + 4) of one (row, head) entry, already normalized: bf16 into the latent when
-// the request has one split (`direct`), else fp32 into split `split`'s partials for the combine kernel.
-__device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, int split, int64_t num_entries,
-                                              int64_t entry, int dim, float v0, float v1, float v2, float v3) {
+// the request has one split (`direct`), else fp32 into partial row `partial_row` (its slot's) for the combine.
+__device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, int64_t partial_row, int64_t entry,
+                                              int dim, float v0, float v1, float v2, float v3) {
   if (direct) {
     __nv_bfloat162 lo = __floats2bfloat162_rn(v0, v1);
     __nv_bfloat162 hi = __floats2bfloat162_rn(v2, v3);
@@ -198,7 +284,7 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
     packed.y = *reinterpret_cast<uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
   } else {
-    float* dst = p.partial_latent + (int64_t{split} * num_entries + entry) * kKvLoraRank + dim;
+    float* dst = p.partial_latent + partial_row * kKvLoraRank + dim;
     *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
   }
 }
@@ -246,16 +332,18 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int g = lane / 4;  // fragment row group
   const int c = lane % 4;  // fragment column group
   const int m_tile = blockIdx.x;
-  const int split = blockIdx.y;
-  const int request = blockIdx.z;
-  const int rows_m = p.q * p.num_heads;                     // M rows of one request
-  const int64_t num_entries = int64_t{gridDim.z} * rows_m;  // rows * heads
-  const int64_t entry0 = int64_t{request} * rows_m;         // (b*q + i)*H + h = entry0 + mi
-  const int row0 = m_tile * kBlockM + g;                    // this thread's two M rows
+  const int slot = blockIdx.y;           // CTA slot of the batch: a split of some request (slot_split)
+  const int rows_m = p.q * p.num_heads;  // M rows of one request
+  const int row0 = m_tile * kBlockM + g;  // this thread's two M rows
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  static_assert(sizeof(smem.kv) >= sizeof(SlotSplitScratch), "the page ring lends the slot scan its scratch");
+  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplitScratch*>(&smem.kv[0][0][0]));
+  const int request = where.request;
+  const int64_t entry0 = int64_t{request} * rows_m;       // (b*q + i)*H + h = entry0 + mi
+  const int64_t partial_row0 = int64_t{slot} * rows_m;    // this slot's partial rows (more than one split)
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
@@ -569,7 +657,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       for (int b = 0; b < 2; ++b) {
         const float v0 = acc[ch][2 * b][2 * half] * scale, v1 = acc[ch][2 * b + 1][2 * half] * scale;
         const float v2 = acc[ch][2 * b][2 * half + 1] * scale, v3 = acc[ch][2 * b + 1][2 * half + 1] * scale;
-        store_latent4(p, direct, split, num_entries, entry, warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c, v0, v1, v2,
+        store_latent4(p, direct, partial_row0 + row, entry, warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c, v0, v1, v2,
                       v3);
       }
     }
@@ -578,7 +666,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       if (direct) {
         p.lse[entry] = lse;
       } else {
-        p.partial_lse[int64_t{split} * num_entries + entry] = lse;
+        p.partial_lse[partial_row0 + row] = lse;
       }
     }
   }
@@ -607,34 +695,50 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const int64_t entry = active ? group / kChunks : 0;
   const int dim = static_cast<int>(group % kChunks) * kCombineDims + lane * 4;
 
-  // Host-written metadata: read before the PDL wait.
-  const int request = static_cast<int>(entry / p.entries_per_request);
+  // Host-written metadata: read before the PDL wait. The slots of the block's requests (a block's groups
+  // span at most kCombineMaxWarps entries, so as many requests): the batch's page scan, as the split kernels.
+  const int rows_m = p.entries_per_request;
+  const int request = static_cast<int>(entry / rows_m);
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
-  const int splits = nonempty_splits(length, p.num_splits);
-  const float* lse_of_entry = p.partial_lse + entry;  // split s at [s * num_entries]
+  __shared__ detail::RequestSlots block_slots[kCombineMaxWarps];
+  __shared__ int64_t warp_totals[32];
+  const int first_request = static_cast<int>(int64_t{blockIdx.x} * groups_per_block / kChunks / rows_m);
+  detail::for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, warp_totals,
+                                 [&](int r, detail::RequestSlots slots) {
+                                   if (r >= first_request && r < first_request + kCombineMaxWarps) {
+                                     block_slots[r - first_request] = slots;
+                                   }
+                                 });
+  __syncthreads();
+  // An inactive warp (past the last entry) reads partial row 0 only: one slot, no page.
+  const detail::RequestSlots slots = active ? block_slots[request - first_request] : detail::RequestSlots{0, 1};
+  const int splits = nonempty_splits(length, slots.count);
+  // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request.
+  const int64_t partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);
+  const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]
 
   detail::griddep_wait();  // the partials come from the split kernel
 
   // NOTE: the first round of loads (a split per lane for phase 1, kLoadsInFlight latent rows per warp for
-  // phase 2) is issued for the planned splits (< num_splits: inside the workspace) without waiting for
+  // phase 2) is issued for the request's slots (< slots.count: inside the workspace) without waiting for
   // `splits`, i.e. for the lengths load above: that load would otherwise sit in series between the split
   // kernel's end and the first partial (~1 µs at 1 x 4k). A split past `splits` wrote nothing this step:
   // its values are dropped by a select, never weighted by 0 (they may be NaN).
-  const float* latent_of_entry = p.partial_latent + entry * kKvLoraRank + dim;  // split s at [s * entries * 512]
-  const int64_t split_stride = p.num_entries * kKvLoraRank;
+  const float* latent_of_entry = p.partial_latent + partial_row * kKvLoraRank + dim;  // split s at [s * rows_m * 512]
+  const int64_t split_stride = int64_t{rows_m} * kKvLoraRank;
   float round_lse[kLoadsInFlight];
   float4 round_v[kLoadsInFlight];
   auto load_round = [&](int s0, int bound) {  // this warp's splits s0 + u·G below `bound`
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int s = s0 + u * p.warps_per_entry;
-      round_lse[u] = s < bound ? lse_of_entry[s * p.num_entries] : -INFINITY;
+      round_lse[u] = s < bound ? lse_of_entry[int64_t{s} * rows_m] : -INFINITY;
       round_v[u] = s < bound ? *reinterpret_cast<const float4*>(latent_of_entry + s * split_stride)
                              : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  const float first_lse = lane < p.num_splits ? lse_of_entry[lane * p.num_entries] : -INFINITY;
-  load_round(group_warp, p.num_splits);
+  const float first_lse = lane < slots.count ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
+  load_round(group_warp, slots.count);
 
   // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
   float max_lse = -INFINITY, sum = 0.0f;
@@ -647,7 +751,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     }
   };
   add_lse(lane < splits ? first_lse : -INFINITY);
-  for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[s * p.num_entries]);
+  for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[int64_t{s} * rows_m]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);

@@ -1,7 +1,7 @@
 // The FP8 attention core, wgmma version (sm_90a Hopper warpgroup MMAs), DESIGN.md §4.
 //
-// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y = split,
-// z = request. Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
+// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y = CTA slot (a split
+// of some request, slot_split). Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
 // attention rows the N side, so H·q = 16 runs an m64n16 tile without padding. Per page:
 //   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
 //      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
@@ -272,7 +272,7 @@ __device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
 template <int kTileN>
 __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4][kTileN / 2], const float* row_sum,
                                          int w, int wi, int g, int c, int tile_row0, int rows_m, int64_t entry0,
-                                         int64_t num_entries, int split, bool direct) {
+                                         int64_t partial_row0, bool direct) {
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j)
 #pragma unroll
@@ -286,7 +286,7 @@ __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int dim = w * kWgDims + 64 * wi + 32 * h + 4 * g;
-        detail::store_latent4(p, direct, split, num_entries, entry0 + row, dim, o[0][4 * j + 2 * h + e] * scale,
+        detail::store_latent4(p, direct, partial_row0 + row, entry0 + row, dim, o[0][4 * j + 2 * h + e] * scale,
                               o[1][4 * j + 2 * h + e] * scale, o[2][4 * j + 2 * h + e] * scale,
                               o[3][4 * j + 2 * h + e] * scale);
       }
@@ -320,15 +320,17 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int g = lane / 4;
   const int c = lane % 4;
   const int tile = blockIdx.x;
-  const int split = blockIdx.y;
-  const int request = blockIdx.z;
+  const int slot = blockIdx.y;  // CTA slot of the batch: a split of some request (slot_split)
   const int rows_m = p.q * p.num_heads;
-  const int64_t num_entries = int64_t{gridDim.z} * rows_m;
-  const int64_t entry0 = int64_t{request} * rows_m;
   const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  static_assert(sizeof(smem.kv) >= sizeof(SlotSplitScratch), "the page ring lends the slot scan its scratch");
+  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplitScratch*>(&smem.kv[0][0]));
+  const int request = where.request;
+  const int64_t entry0 = int64_t{request} * rows_m;
+  const int64_t partial_row0 = int64_t{slot} * rows_m;  // this slot's partial rows (more than one split)
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
@@ -587,7 +589,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
           if (direct) {
             p.lse[entry0 + row] = lse;
           } else {
-            p.partial_lse[int64_t{split} * num_entries + entry0 + row] = lse;
+            p.partial_lse[partial_row0 + row] = lse;
           }
         }
       }
@@ -595,7 +597,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   __syncthreads();
 
   // ---- Phase 5: stores ---------------------------------------------------------------------------
-  store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, num_entries, split, direct);
+  store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
 

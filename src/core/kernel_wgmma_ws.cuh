@@ -1,6 +1,6 @@
 // The FP8 attention core, warp-specialized wgmma version (sm_90a), DESIGN.md §4.
 //
-// Grid as the wgmma kernel (x = N-tile, y = split, z = request); block: three warpgroups with their own
+// Grid as the wgmma kernel (x = N-tile, y = CTA slot); block: three warpgroups with their own
 // roles, so that the phases of one page overlap those of the next instead of running in lockstep:
 //   - the score warpgroup (0, kWsScoreRegisters registers): per page, waits for it, computes
 //     S^T = K·Q^T over the whole 576-long reduction for all kTileN rows (f16 wgmma m64nNk16, A = K from
@@ -82,15 +82,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   const int g = lane / 4;
   const int c = lane % 4;
   const int tile = blockIdx.x;
-  const int split = blockIdx.y;
-  const int request = blockIdx.z;
+  const int slot = blockIdx.y;  // CTA slot of the batch: a split of some request (slot_split)
   const int rows_m = p.q * p.num_heads;
-  const int64_t num_entries = int64_t{gridDim.z} * rows_m;
-  const int64_t entry0 = int64_t{request} * rows_m;
   const int tile_row0 = tile * kTileN;
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, request, split);
+  static_assert(sizeof(smem.kv) >= sizeof(SlotSplitScratch), "the page ring lends the slot scan its scratch");
+  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplitScratch*>(&smem.kv[0][0]));
+  const int request = where.request;
+  const int64_t entry0 = int64_t{request} * rows_m;
+  const int64_t partial_row0 = int64_t{slot} * rows_m;  // this slot's partial rows (more than one split)
+  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
 
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
             if (direct) {
               p.lse[entry0 + row] = lse;
             } else {
-              p.partial_lse[int64_t{split} * num_entries + entry0 + row] = lse;
+              p.partial_lse[partial_row0 + row] = lse;
             }
           }
         }
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
     }
     __syncthreads();  // (E) the score warpgroup's sums are in shared memory
 
-    store_ot<kTileN>(p, o, smem.row_sum, v, wi, g, c, tile_row0, rows_m, entry0, num_entries, split, direct);
+    store_ot<kTileN>(p, o, smem.row_sum, v, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
   }
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }

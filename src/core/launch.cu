@@ -15,6 +15,8 @@
 namespace mla::core {
 namespace {
 
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+
 using KernelFn = void (*)(CoreParams);
 
 struct SplitKernel {
@@ -172,10 +174,15 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // NOTE: at least two pages a split, so that each split overlaps a page's load with the previous
   // page's math; one-page splits also double the fp32 partials the combine reads (measured 4x4k x12:
   // 63 one-page splits 17.8 µs, 32 two-page splits 13.8 µs; bench/results/core.md, small batches).
-  const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_pages / 2));
+  // The batch's num_splits x requests CTA slots are the grid's y (split_rule.h): at most 65535.
+  const int64_t max_splits_by_grid = std::max<int64_t>(1, kMaxGridY / requests);
+  const int64_t max_splits =
+      std::min({int64_t{kMaxSplits}, max_splits_by_grid, std::max<int64_t>(1, max_pages / 2)});
   if (shape.num_splits > 0) {
-    if (shape.num_splits > kMaxSplits) {
-      throw_bad_argument("CoreShape.num_splits", "<= " + std::to_string(kMaxSplits),
+    if (shape.num_splits > kMaxSplits || shape.num_splits > max_splits_by_grid) {
+      throw_bad_argument("CoreShape.num_splits",
+                         "<= " + std::to_string(std::min<int64_t>(kMaxSplits, max_splits_by_grid)) +
+                             " (and splits x requests <= 65535)",
                          std::to_string(shape.num_splits));
     }
     plan.num_splits = shape.num_splits;
@@ -183,8 +190,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     plan.num_splits = choose_splits(requests * plan.m_tiles, int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
-  plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
-                   static_cast<unsigned>(requests));
+  plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1);
   const int64_t entries = shape.rows * shape.heads;
   plan.workspace_bytes = plan.num_splits == 1
                              ? 0
@@ -259,6 +265,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.num_heads = shape.heads;
   params.q = shape.q;
   params.num_splits = plan.num_splits;
+  params.grid_requests = static_cast<int>(shape.rows / shape.q);
   params.dcp_rank = args.dcp.rank;
   params.dcp_size = args.dcp.size;
   params.dcp_interleave = args.dcp.interleave;
@@ -283,6 +290,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.entries_per_request = shape.q * shape.heads;
   combine.num_entries = entries;
   combine.num_splits = plan.num_splits;
+  combine.grid_requests = static_cast<int>(shape.rows / shape.q);
   combine.warps_per_entry = plan.combine_warps_per_entry;
   combine.k_scale = args.k_scale;
   combine.latent = args.latent;

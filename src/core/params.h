@@ -20,7 +20,9 @@ struct CoreParams {
   int num_requests = 0;   // requests present in block_table/lengths; rows/q - num_requests are padding
   int num_heads = 0;      // H_core (heads of the query / latent)
   int q = 1;              // rows per request (1..8); M side of a request = q * num_heads rows
-  int num_splits = 1;     // split-KV count; 1 = write latent/lse directly, no combine
+  int num_splits = 1;     // planned split-KV count per request; 1 = write latent/lse directly, no combine
+  int grid_requests = 1;  // rows / q (padded requests included): num_splits * grid_requests CTA slots per
+                          // M-tile, dealt to the requests by their pages (split_rule.h, first_slot)
   int dcp_rank = 0;       // local token j has global position ((j / I) * D + k) * I + j % I
   int dcp_size = 1;       //   D (1 = no DCP: g = j)
   int dcp_interleave = 1; //   I
@@ -32,18 +34,20 @@ struct CoreParams {
   // ---- Outputs -------------------------------------------------------------------------------------
   void* latent = nullptr;         // [rows, heads, 512] bf16 (written when num_splits == 1)
   float* lse = nullptr;           // [rows, heads] fp32 natural log (written when num_splits == 1)
-  float* partial_latent = nullptr;  // [num_splits, rows, heads, 512] fp32, normalized per split
-  float* partial_lse = nullptr;     // [num_splits, rows, heads] fp32 natural log, -inf = empty split
+  float* partial_latent = nullptr;  // [slots, q * heads, 512] fp32, normalized per split: slot s of request r
+                                    // at rows (first_slot(r) + s) * q * heads + mi
+  float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
 };
 
 struct CombineParams {
-  const float* partial_latent = nullptr;  // [num_splits, rows, heads, 512]; only nonempty splits written
-  const float* partial_lse = nullptr;     // [num_splits, rows, heads]; likewise
+  const float* partial_latent = nullptr;  // [slots, q * heads, 512] (CoreParams); only nonempty splits written
+  const float* partial_lse = nullptr;     // [slots, q * heads]; likewise
   const int32_t* lengths = nullptr;       // [num_requests] local tokens: which splits hold pages
   int num_requests = 0;                   // requests present in lengths; the others are padding (empty)
   int entries_per_request = 1;            // q * heads
   int64_t num_entries = 0;                // rows * heads
-  int num_splits = 1;
+  int num_splits = 1;                     // planned per request (CoreParams)
+  int grid_requests = 1;                  // rows / q (CoreParams)
   int warps_per_entry = 1;                // warps merging one (entry, 128-dim chunk): 1..kCombineMaxWarps, a power of 2
   float k_scale = 1;                      // multiplies the merged latent
   void* latent = nullptr;                 // [rows, heads, 512] bf16

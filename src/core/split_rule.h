@@ -1,5 +1,5 @@
-// The split-KV rule of the attention core (DESIGN.md §4, split-KV): how a request's pages are dealt to the
-// splits planned for its shape. The split kernels and the combine (kernel.cuh) must agree on it, and it is
+// The split-KV rule of the attention core (DESIGN.md §4, split-KV): how a batch's CTA slots are dealt to its
+// requests and each request's pages to its slots. The split kernels and the combine (kernel.cuh) must agree on it, and it is
 // plain arithmetic, so it is shared here and also checked on the CPU against the reference's rule
 // (tests/cpu/core_split_rule_test.cpp).
 #pragma once
@@ -51,6 +51,20 @@ MLA_CORE_SPLIT_RULE_FN SplitRange split_range(int length, int num_splits, int sp
   const int end = s.page_begin + r.pages_per_split;
   s.num_pages = (end < r.pages ? end : r.pages) - s.page_begin;
   return s;
+}
+
+// ---- Balanced CTA slots (src/core/README.md, next step 7) ---------------------------------------------------
+// A shape planned for `num_splits` splits and R requests (padded ones included) has N = num_splits · R CTA slots
+// per M-tile. Each request gets one slot, and the other N − R go to the requests in proportion to their pages:
+// request r owns slots [first_slot(r), first_slot(r + 1)), first_slot(r) = r + ⌊(num_splits − 1)·R·p_r / P⌋
+// with p_r its pages before it and P the batch's pages (P = 0: num_splits each). Equal lengths give every
+// request num_splits slots, as the uniform rule; a longer request gets more, so that every slot holds about
+// P / ((num_splits − 1)·R) pages. Within its slots a request deals its pages by split_range.
+MLA_CORE_SPLIT_RULE_FN int first_slot(int request, int64_t pages_before, int64_t total_pages, int num_splits,
+                                      int num_requests) {
+  if (total_pages == 0) return request * num_splits;
+  const int64_t extra = int64_t{num_splits - 1} * num_requests;  // slots dealt by pages
+  return request + static_cast<int>(extra * pages_before / total_pages);
 }
 
 }  // namespace mla::core
