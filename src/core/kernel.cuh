@@ -167,8 +167,8 @@ struct RequestSlots {
 // Calls visit(request, RequestSlots) for every request of the batch, each by one thread of the block: the
 // batch's pages dealt ceil(grid_requests / blockDim) requests a thread, in order, and scanned block-wide
 // through `warp_totals` (32 in shared memory). Every thread of the block must call it (it has barriers).
-// Reads host-written lengths only: runs before the PDL wait. With one planned split or one request the
-// slots need no pages (num_splits each) and no thread loads anything.
+// Reads host-written lengths only: runs before the PDL wait. Only for CoreParams.balanced_slots (the scan is
+// a lengths load and three barriers in series before a CTA knows its pages).
 template <class Visit>
 __device__ __forceinline__ void for_each_request_slots(const int32_t* lengths, int num_requests, int grid_requests,
                                                        int num_splits, int64_t* warp_totals, Visit visit) {
@@ -176,10 +176,6 @@ __device__ __forceinline__ void for_each_request_slots(const int32_t* lengths, i
   const int per_thread = (grid_requests + threads - 1) / threads;
   const int first_request = static_cast<int>(threadIdx.x) * per_thread;
   const int count = max(0, min(per_thread, grid_requests - first_request));
-  if (num_splits == 1 || grid_requests == 1) {
-    for (int i = 0; i < count; ++i) visit(first_request + i, RequestSlots{(first_request + i) * num_splits, num_splits});
-    return;
-  }
   int64_t mine = 0;
   for (int i = 0; i < count; ++i) mine += request_pages(lengths, num_requests, first_request + i);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -214,9 +210,11 @@ __device__ __forceinline__ void for_each_request_slots(const int32_t* lengths, i
   }
 }
 
-// The request, split and slot count of CTA slot `slot` (blockIdx.y of the split kernels). Every thread of the
-// block calls it (barriers), before the PDL wait, with `scratch`: shared memory that nothing else uses until
-// the block's next barrier (the split kernels lend the start of their page ring, first written after the wait).
+// The request, split and slot count of CTA slot `slot` (blockIdx.y of the split kernels): num_splits slots a
+// request, or with balanced slots the batch's page scan. Every thread of the block calls it (barriers), before
+// the PDL wait, with `scratch`: shared memory that nothing else touches until this returns (the split kernels
+// lend the start of their page ring, first written after the wait; the last barrier keeps a fast warp's
+// copies from overwriting `found` before a slow warp has read it).
 // NOTE: not static __shared__: the wgmma kernels need their dynamic shared memory 1024-byte aligned.
 struct SlotSplit {
   int request = 0;
@@ -229,6 +227,10 @@ struct SlotSplitScratch {
   SlotSplit found;
 };
 __device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, SlotSplitScratch& scratch) {
+  if (!p.balanced_slots) {
+    const int split = slot % p.num_splits;
+    return SlotSplit{slot / p.num_splits, split, p.num_splits, slot - split};
+  }
   for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, scratch.warp_totals,
                          [&](int r, RequestSlots s) {
                            if (slot >= s.first && slot < s.first + s.count) {
@@ -236,7 +238,9 @@ __device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, S
                            }
                          });
   __syncthreads();
-  return scratch.found;
+  const SlotSplit found = scratch.found;
+  __syncthreads();
+  return found;
 }
 
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
@@ -695,23 +699,27 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const int64_t entry = active ? group / kChunks : 0;
   const int dim = static_cast<int>(group % kChunks) * kCombineDims + lane * 4;
 
-  // Host-written metadata: read before the PDL wait. The slots of the block's requests (a block's groups
-  // span at most kCombineMaxWarps entries, so as many requests): the batch's page scan, as the split kernels.
+  // Host-written metadata: read before the PDL wait. The entry's request's slots: num_splits each, or with
+  // balanced slots the batch's page scan, as the split kernels (a block's groups span at most
+  // kCombineMaxWarps entries, so as many requests).
   const int rows_m = p.entries_per_request;
   const int request = static_cast<int>(entry / rows_m);
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
-  __shared__ detail::RequestSlots block_slots[kCombineMaxWarps];
-  __shared__ int64_t warp_totals[32];
-  const int first_request = static_cast<int>(int64_t{blockIdx.x} * groups_per_block / kChunks / rows_m);
-  detail::for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, warp_totals,
-                                 [&](int r, detail::RequestSlots slots) {
-                                   if (r >= first_request && r < first_request + kCombineMaxWarps) {
-                                     block_slots[r - first_request] = slots;
-                                   }
-                                 });
-  __syncthreads();
-  // An inactive warp (past the last entry) reads partial row 0 only: one slot, no page.
-  const detail::RequestSlots slots = active ? block_slots[request - first_request] : detail::RequestSlots{0, 1};
+  detail::RequestSlots slots{request * p.num_splits, p.num_splits};
+  if (p.balanced_slots) {
+    __shared__ detail::RequestSlots block_slots[kCombineMaxWarps];
+    __shared__ int64_t warp_totals[32];
+    const int first_request = static_cast<int>(int64_t{blockIdx.x} * groups_per_block / kChunks / rows_m);
+    detail::for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, warp_totals,
+                                   [&](int r, detail::RequestSlots s) {
+                                     if (r >= first_request && r < first_request + kCombineMaxWarps) {
+                                       block_slots[r - first_request] = s;
+                                     }
+                                   });
+    __syncthreads();
+    // An inactive warp (past the last entry) reads partial row 0 only: one slot, no page.
+    slots = active ? block_slots[request - first_request] : detail::RequestSlots{0, 1};
+  }
   const int splits = nonempty_splits(length, slots.count);
   // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request.
   const int64_t partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);

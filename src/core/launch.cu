@@ -191,6 +191,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
   plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1);
+  plan.balanced_slots = plan.num_splits >= kMinBalancedSplits && requests > 1;
   const int64_t entries = shape.rows * shape.heads;
   plan.workspace_bytes = plan.num_splits == 1
                              ? 0
@@ -266,6 +267,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.q = shape.q;
   params.num_splits = plan.num_splits;
   params.grid_requests = static_cast<int>(shape.rows / shape.q);
+  params.balanced_slots = plan.balanced_slots;
   params.dcp_rank = args.dcp.rank;
   params.dcp_size = args.dcp.size;
   params.dcp_interleave = args.dcp.interleave;
@@ -291,6 +293,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.num_entries = entries;
   combine.num_splits = plan.num_splits;
   combine.grid_requests = static_cast<int>(shape.rows / shape.q);
+  combine.balanced_slots = plan.balanced_slots;
   combine.warps_per_entry = plan.combine_warps_per_entry;
   combine.k_scale = args.k_scale;
   combine.latent = args.latent;
