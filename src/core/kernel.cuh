@@ -164,83 +164,80 @@ struct RequestSlots {
   int count = 1;
 };
 
-// Calls visit(request, RequestSlots) for every request of the batch, each by one thread of the block: the
-// batch's pages dealt ceil(grid_requests / blockDim) requests a thread, in order, and scanned block-wide
-// through `warp_totals` (32 in shared memory). Every thread of the block must call it (it has barriers).
-// Reads host-written lengths only: runs before the PDL wait. Only for CoreParams.balanced_slots (the scan is
-// a lengths load and three barriers in series before a CTA knows its pages).
+// With balanced slots (CoreParams.balanced_slots): one warp scans the batch's pages, each lane a run of
+// ceil(grid_requests / 32) requests, and calls visit(request, RequestSlots, length, total) for each of its
+// requests (`totals` may be null: total = length). Every lane of the warp must call it (shuffles). Reads
+// host-written data only: runs before the PDL wait. NOTE: one warp, not the block: the scan sits between a
+// CTA's start and its first page, and in a step the split kernel starts only as the query kernel ends, so
+// a block-wide scan's barriers were paid on the critical path (2026-12-05, src/core/README.md next step 7).
 template <class Visit>
-__device__ __forceinline__ void for_each_request_slots(const int32_t* lengths, int num_requests, int grid_requests,
-                                                       int num_splits, int64_t* warp_totals, Visit visit) {
-  const int threads = static_cast<int>(blockDim.x);
-  const int per_thread = (grid_requests + threads - 1) / threads;
-  const int first_request = static_cast<int>(threadIdx.x) * per_thread;
-  const int count = max(0, min(per_thread, grid_requests - first_request));
+__device__ __forceinline__ void warp_request_slots(const int32_t* lengths, const int32_t* totals, int num_requests,
+                                                   int grid_requests, int num_splits, Visit visit) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int per_lane = (grid_requests + 31) / 32;
+  const int first_request = lane * per_lane;
+  const int count = max(0, min(per_lane, grid_requests - first_request));
   int64_t mine = 0;
   for (int i = 0; i < count; ++i) mine += request_pages(lengths, num_requests, first_request + i);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t inclusive = mine;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const int64_t other = __shfl_up_sync(0xffffffffu, inclusive, off);
     if (lane >= off) inclusive += other;
   }
-  if (lane == 31) warp_totals[warp] = inclusive;
-  __syncthreads();
-  const int warps = threads / 32;
-  if (warp == 0) {
-    int64_t w = lane < warps ? warp_totals[lane] : 0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t other = __shfl_up_sync(0xffffffffu, w, off);
-      if (lane >= off) w += other;
-    }
-    if (lane < warps) warp_totals[lane] = w;  // inclusive over the warps
-  }
-  __syncthreads();
-  const int64_t total = warp_totals[warps - 1];
-  int64_t before = (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - mine;
-  __syncthreads();  // warp_totals may be read again by the next call
+  const int64_t total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
+  int64_t before = inclusive - mine;
   for (int i = 0; i < count; ++i) {
     const int r = first_request + i;
-    const int pages = request_pages(lengths, num_requests, r);
-    const int first = first_slot(r, before, total, num_splits, grid_requests);
-    visit(r, RequestSlots{first, first_slot(r + 1, before + pages, total, num_splits, grid_requests) - first});
+    const int length = r < num_requests ? lengths[r] : 0;
+    const int pages = (length + kPageSize - 1) / kPageSize;
+    const int first = first_slot(r, before, total_pages, num_splits, grid_requests);
+    const int next = first_slot(r + 1, before + pages, total_pages, num_splits, grid_requests);
+    visit(r, RequestSlots{first, next - first}, length,
+          totals != nullptr && r < num_requests ? totals[r] : length);
     before += pages;
   }
 }
 
-// The request, split and slot count of CTA slot `slot` (blockIdx.y of the split kernels): num_splits slots a
-// request, or with balanced slots the batch's page scan. Every thread of the block calls it (barriers), before
-// the PDL wait, with `scratch`: shared memory that nothing else touches until this returns (the split kernels
-// lend the start of their page ring, first written after the wait; the last barrier keeps a fast warp's
-// copies from overwriting `found` before a slow warp has read it).
-// NOTE: not static __shared__: the wgmma kernels need their dynamic shared memory 1024-byte aligned.
+// Which split of which request CTA slot `slot` (blockIdx.y of the split kernels) is, with that request's
+// length and total (DCP: its global length). Host-written data only: before the PDL wait.
 struct SlotSplit {
   int request = 0;
   int split = 0;       // within the request: 0 .. splits - 1
   int splits = 1;      // the request's slots
-  int first_slot = 0;  // its first slot
+  int length = 0;      // the request's local tokens (0 for a padded request)
+  int total = 0;       // its global tokens (DCP), else length
 };
-struct SlotSplitScratch {
-  int64_t warp_totals[32];
-  SlotSplit found;
-};
-__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, SlotSplitScratch& scratch) {
+// Uniform slots: num_splits a request, no scan. Balanced: warp 0 scans (warp_request_slots) and the block
+// reads the result from `found`: shared memory that nothing else touches until this returns (the split
+// kernels lend the start of their page ring, first written after the PDL wait; the second barrier keeps a
+// fast warp's first copies from overwriting it before a slow warp has read it). Every thread of the block
+// calls it.
+// NOTE: not static __shared__: the wgmma kernels need their dynamic shared memory 1024-byte aligned.
+__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, SlotSplit& found) {
   if (!p.balanced_slots) {
-    const int split = slot % p.num_splits;
-    return SlotSplit{slot / p.num_splits, split, p.num_splits, slot - split};
+    SlotSplit s;
+    s.request = slot / p.num_splits;
+    s.split = slot % p.num_splits;
+    s.splits = p.num_splits;
+    if (s.request < p.num_requests) {
+      s.length = p.lengths[s.request];
+      s.total = p.totals != nullptr ? p.totals[s.request] : s.length;
+    }
+    return s;
   }
-  for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, scratch.warp_totals,
-                         [&](int r, RequestSlots s) {
-                           if (slot >= s.first && slot < s.first + s.count) {
-                             scratch.found = SlotSplit{r, slot - s.first, s.count, s.first};
-                           }
-                         });
+  if (threadIdx.x < 32) {
+    warp_request_slots(p.lengths, p.totals, p.num_requests, p.grid_requests, p.num_splits,
+                       [&](int r, RequestSlots s, int length, int total) {
+                         if (slot >= s.first && slot < s.first + s.count) {
+                           found = SlotSplit{r, slot - s.first, s.count, length, total};
+                         }
+                       });
+  }
   __syncthreads();
-  const SlotSplit found = scratch.found;
+  const SlotSplit mine = found;
   __syncthreads();
-  return found;
+  return mine;
 }
 
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
@@ -255,10 +252,8 @@ struct SplitPages {
 };
 __device__ __forceinline__ SplitPages split_pages(const CoreParams& p, const SlotSplit& slot) {
   SplitPages s;
-  if (slot.request < p.num_requests) {
-    s.length = p.lengths[slot.request];
-    s.total = p.totals != nullptr ? p.totals[slot.request] : s.length;
-  }
+  s.length = slot.length;
+  s.total = slot.total;
   const SplitRange range = split_range(s.length, slot.splits, slot.split);
   s.page_begin = range.page_begin;
   s.num_pages = range.num_pages;
@@ -342,8 +337,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  static_assert(sizeof(smem.kv) >= sizeof(SlotSplitScratch), "the page ring lends the slot scan its scratch");
-  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplitScratch*>(&smem.kv[0][0][0]));
+  static_assert(sizeof(smem.kv) >= sizeof(SlotSplit), "the page ring lends the slot scan its scratch");
+  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplit*>(&smem.kv[0][0][0]));
   const int request = where.request;
   const int64_t entry0 = int64_t{request} * rows_m;       // (b*q + i)*H + h = entry0 + mi
   const int64_t partial_row0 = int64_t{slot} * rows_m;    // this slot's partial rows (more than one split)
@@ -708,14 +703,15 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   detail::RequestSlots slots{request * p.num_splits, p.num_splits};
   if (p.balanced_slots) {
     __shared__ detail::RequestSlots block_slots[kCombineMaxWarps];
-    __shared__ int64_t warp_totals[32];
     const int first_request = static_cast<int>(int64_t{blockIdx.x} * groups_per_block / kChunks / rows_m);
-    detail::for_each_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, warp_totals,
-                                   [&](int r, detail::RequestSlots s) {
-                                     if (r >= first_request && r < first_request + kCombineMaxWarps) {
-                                       block_slots[r - first_request] = s;
-                                     }
-                                   });
+    if (warp == 0) {
+      detail::warp_request_slots(p.lengths, nullptr, p.num_requests, p.grid_requests, p.num_splits,
+                                 [&](int r, detail::RequestSlots s, int, int) {
+                                   if (r >= first_request && r < first_request + kCombineMaxWarps) {
+                                     block_slots[r - first_request] = s;
+                                   }
+                                 });
+    }
     __syncthreads();
     // An inactive warp (past the last entry) reads partial row 0 only: one slot, no page.
     slots = active ? block_slots[request - first_request] : detail::RequestSlots{0, 1};

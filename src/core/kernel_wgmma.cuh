@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  static_assert(sizeof(smem.kv) >= sizeof(SlotSplitScratch), "the page ring lends the slot scan its scratch");
-  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplitScratch*>(&smem.kv[0][0]));
+  static_assert(sizeof(smem.kv) >= sizeof(SlotSplit), "the page ring lends the slot scan its scratch");
+  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplit*>(&smem.kv[0][0]));
   const int request = where.request;
   const int64_t entry0 = int64_t{request} * rows_m;
   const int64_t partial_row0 = int64_t{slot} * rows_m;  // this slot's partial rows (more than one split)
