@@ -334,6 +334,14 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h16_q1_splits_12", 16, 1, {4097, 65, 1}), 12, 1));
   v.push_back(with(make("h8_q2_splits_30", 8, 2, {3000, 640, 0}), 30));
   v.push_back(with(make("h12_q1_splits_64", 12, 1, {4097, 2000, 63}), 64));
+  {
+    // Balanced slots (plan: >= kMinBalancedSplits splits, > 1 request) over more than 32 requests, so each lane
+    // of the slot scan takes several; lengths from 0 to ~4k, so the long ones get many more slots than the
+    // short ones, and two padded requests.
+    std::vector<int> lengths;
+    for (int b = 0; b < 45; ++b) lengths.push_back(b % 9 == 0 ? 0 : (b * 977) % 4200);
+    v.push_back(with(make("h8_q1_45_requests_balanced", 8, 1, lengths), 6, 2));
+  }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;
 }
@@ -379,6 +387,11 @@ TEST(CorePlan, FillsTheMachine) {
   const core::CorePlan h96 = core::plan_core({.rows = 8, .heads = 96, .q = 1});
   EXPECT_EQ(h96.tile_rows, 48);
   EXPECT_EQ(h96.m_tiles, 2);
+  // Balanced CTA slots from kMinBalancedSplits planned splits with more than one request (launch.h).
+  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits}).balanced_slots);
+  EXPECT_FALSE(
+      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1}).balanced_slots);
+  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16}).balanced_slots);  // one request
 }
 
 }  // namespace
