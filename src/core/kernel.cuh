@@ -2,7 +2,8 @@
 // over the FP8 operands converted exactly to f16.
 //
 // Grid: x = M-tile of the request (16 rows of the folded (q row, head) M side; fastest so that the
-// M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request.
+// M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request
+// (balanced slots: y = CTA slot, z = 1; slot_split).
 // Block: 8 warps. Per page of 64 tokens:
 //   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead, one 576-byte
 //      cp.async.bulk per token row by threads 0-63, into 592-byte shared rows);
@@ -164,15 +165,12 @@ struct RequestSlots {
   int count = 1;
 };
 
-// With balanced slots (CoreParams.balanced_slots): one warp scans the batch's pages, each lane a run of
-// ceil(grid_requests / 32) requests, and calls visit(request, RequestSlots, length, total) for each of its
-// requests (`totals` may be null: total = length). Every lane of the warp must call it (shuffles). Reads
-// host-written data only: runs before the PDL wait. NOTE: one warp, not the block: the scan sits between a
-// CTA's start and its first page, and in a step the split kernel starts only as the query kernel ends, so
-// a block-wide scan's barriers were paid on the critical path (2026-12-05, src/core/README.md next step 7).
+// With balanced slots (CorePlan.balanced_slots): a warp scans the batch's pages, each lane a run of
+// ceil(grid_requests / 32) requests, and calls visit(request, RequestSlots, length) for each of its requests.
+// Every lane of the warp must call it (shuffles). Reads host-written data only: runs before the PDL wait.
 template <class Visit>
-__device__ __forceinline__ void warp_request_slots(const int32_t* lengths, const int32_t* totals, int num_requests,
-                                                   int grid_requests, int num_splits, Visit visit) {
+__device__ __forceinline__ void warp_request_slots(const int32_t* lengths, int num_requests, int grid_requests,
+                                                   int num_splits, Visit visit) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int per_lane = (grid_requests + 31) / 32;
   const int first_request = lane * per_lane;
@@ -187,57 +185,96 @@ __device__ __forceinline__ void warp_request_slots(const int32_t* lengths, const
   }
   const int64_t total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
   int64_t before = inclusive - mine;
+  // One first_slot (a division) a request: the slot after a run is the next lane's first, and after the
+  // batch's last request it is num_splits * grid_requests.
+  int first = first_slot(first_request, before, total_pages, num_splits, grid_requests);
+  const int next_lane_first = __shfl_down_sync(0xffffffffu, first, 1);
+  const int after_run = first_request + count >= grid_requests ? num_splits * grid_requests : next_lane_first;
   for (int i = 0; i < count; ++i) {
     const int r = first_request + i;
     const int length = r < num_requests ? lengths[r] : 0;
-    const int pages = (length + kPageSize - 1) / kPageSize;
-    const int first = first_slot(r, before, total_pages, num_splits, grid_requests);
-    const int next = first_slot(r + 1, before + pages, total_pages, num_splits, grid_requests);
-    visit(r, RequestSlots{first, next - first}, length,
-          totals != nullptr && r < num_requests ? totals[r] : length);
-    before += pages;
+    before += (length + kPageSize - 1) / kPageSize;
+    const int next = i + 1 < count ? first_slot(r + 1, before, total_pages, num_splits, grid_requests) : after_run;
+    visit(r, RequestSlots{first, next - first}, length);
+    first = next;
   }
 }
 
-// Which split of which request CTA slot `slot` (blockIdx.y of the split kernels) is, with that request's
-// length and total (DCP: its global length). Host-written data only: before the PDL wait.
+// Which split of which request a split kernel's CTA is, with that request's length and total (DCP: its global
+// length). Host-written data only: before the PDL wait.
 struct SlotSplit {
+  int slot = 0;        // the CTA's slot: its partial rows are [slot * q * heads, +q * heads)
   int request = 0;
   int split = 0;       // within the request: 0 .. splits - 1
   int splits = 1;      // the request's slots
   int length = 0;      // the request's local tokens (0 for a padded request)
   int total = 0;       // its global tokens (DCP), else length
 };
-// Uniform slots: num_splits a request, no scan. Balanced: warp 0 scans (warp_request_slots) and the block
-// reads the result from `found`: shared memory that nothing else touches until this returns (the split
-// kernels lend the start of their page ring, first written after the PDL wait; the second barrier keeps a
-// fast warp's first copies from overwriting it before a slow warp has read it). Every thread of the block
-// calls it.
-// NOTE: not static __shared__: the wgmma kernels need their dynamic shared memory 1024-byte aligned.
-__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p, int slot, SlotSplit& found) {
-  if (!p.balanced_slots) {
-    SlotSplit s;
-    s.request = slot / p.num_splits;
-    s.split = slot % p.num_splits;
-    s.splits = p.num_splits;
-    if (s.request < p.num_requests) {
-      s.length = p.lengths[s.request];
-      s.total = p.totals != nullptr ? p.totals[s.request] : s.length;
+
+// The balanced slots' lookups. Every warp runs its own scan (the same loads, in parallel) and takes the
+// answer from the one lane that found it: no shared memory and no barrier between a CTA's start and its first
+// page, which in a step is the critical path (the split kernel and the combine start only as their producer
+// ends). Every lane of the warp calls them.
+// NOTE: only in the kernels' balanced instantiations (kBalancedSlots): inlined in the uniform ones too, the scan
+// grew their code before the first copy from ~100 to ~600 SASS instructions and the combine's registers 64 ->
+// 82, and those ran 1.5-6 % slower (2026-12-05, src/core/README.md next step 7); out of line (__noinline__),
+// its call made ptxas spill around it (the combine, the 64-row wgmma kernel).
+__device__ __forceinline__ SlotSplit balanced_slot_split(const int32_t* lengths, const int32_t* totals,
+                                                      int num_requests, int grid_requests, int num_splits, int slot) {
+  SlotSplit mine;
+  bool found = false;
+  warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int length) {
+    if (slot >= s.first && slot < s.first + s.count) {
+      found = true;
+      mine = SlotSplit{slot, r, slot - s.first, s.count, length, length};
+      if (totals != nullptr && r < num_requests) mine.total = totals[r];
     }
-    return s;
-  }
-  if (threadIdx.x < 32) {
-    warp_request_slots(p.lengths, p.totals, p.num_requests, p.grid_requests, p.num_splits,
-                       [&](int r, RequestSlots s, int length, int total) {
-                         if (slot >= s.first && slot < s.first + s.count) {
-                           found = SlotSplit{r, slot - s.first, s.count, length, total};
-                         }
-                       });
-  }
-  __syncthreads();
-  const SlotSplit mine = found;
-  __syncthreads();
+  });
+  // Exactly one lane owns the slot: the slots [first_slot(r), first_slot(r + 1)) tile [0, num_splits * R).
+  const int owner = __ffs(__ballot_sync(0xffffffffu, found)) - 1;
+  mine.request = __shfl_sync(0xffffffffu, mine.request, owner);
+  mine.split = __shfl_sync(0xffffffffu, mine.split, owner);
+  mine.splits = __shfl_sync(0xffffffffu, mine.splits, owner);
+  mine.length = __shfl_sync(0xffffffffu, mine.length, owner);
+  mine.total = __shfl_sync(0xffffffffu, mine.total, owner);
   return mine;
+}
+// `request`'s slots (the combine; the warp's request is the same on every lane).
+__device__ __forceinline__ RequestSlots balanced_request_slots(const int32_t* lengths, int num_requests,
+                                                            int grid_requests, int num_splits, int request) {
+  RequestSlots mine;
+  bool found = false;
+  warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int) {
+    if (r == request) {
+      found = true;
+      mine = s;
+    }
+  });
+  const int owner = __ffs(__ballot_sync(0xffffffffu, found)) - 1;
+  mine.first = __shfl_sync(0xffffffffu, mine.first, owner);
+  mine.count = __shfl_sync(0xffffffffu, mine.count, owner);
+  return mine;
+}
+
+// This CTA's split. Uniform slots (grid (M-tiles, splits, requests)): request blockIdx.z, split blockIdx.y, no
+// scan; balanced (grid (M-tiles, slots, 1)): slot blockIdx.y, balanced_slot_split. Every thread of the block
+// calls it.
+template <bool kBalancedSlots>
+__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p) {
+  if constexpr (kBalancedSlots) {
+    return balanced_slot_split(p.lengths, p.totals, p.num_requests, p.grid_requests, p.num_splits,
+                               static_cast<int>(blockIdx.y));
+  }
+  SlotSplit s;
+  s.request = static_cast<int>(blockIdx.z);
+  s.split = static_cast<int>(blockIdx.y);
+  s.splits = p.num_splits;
+  s.slot = s.request * p.num_splits + s.split;
+  if (s.request < p.num_requests) {
+    s.length = p.lengths[s.request];
+    s.total = p.totals != nullptr ? p.totals[s.request] : s.length;
+  }
+  return s;
 }
 
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
@@ -316,8 +353,9 @@ __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& 
 
 }  // namespace detail
 
-// kStages: page ring depth (2: two CTAs per SM; 3, 4: one).
-template <int kStages, int kMinBlocksPerSm>
+// kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kBalancedSlots: the CTA slots dealt by pages
+// (CorePlan.balanced_slots, slot_split).
+template <int kStages, int kMinBlocksPerSm, bool kBalancedSlots>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     core_split_kernel(const __grid_constant__ CoreParams p) {
   using namespace detail;
@@ -331,17 +369,15 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int g = lane / 4;  // fragment row group
   const int c = lane % 4;  // fragment column group
   const int m_tile = blockIdx.x;
-  const int slot = blockIdx.y;           // CTA slot of the batch: a split of some request (slot_split)
   const int rows_m = p.q * p.num_heads;  // M rows of one request
   const int row0 = m_tile * kBlockM + g;  // this thread's two M rows
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  static_assert(sizeof(smem.kv) >= sizeof(SlotSplit), "the page ring lends the slot scan its scratch");
-  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplit*>(&smem.kv[0][0][0]));
+  const SlotSplit where = slot_split<kBalancedSlots>(p);  // which split of which request
   const int request = where.request;
   const int64_t entry0 = int64_t{request} * rows_m;       // (b*q + i)*H + h = entry0 + mi
-  const int64_t partial_row0 = int64_t{slot} * rows_m;    // this slot's partial rows (more than one split)
+  const int64_t partial_row0 = int64_t{where.slot} * rows_m;    // this slot's partial rows (more than one split)
   const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
@@ -680,7 +716,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 // groups (entries * 4) over the groups of a block.
 // Splits past nonempty_splits() wrote nothing: only the first round of loads may read them (inside the
 // workspace) and drops them by a select; a nonempty split whose rows see no token has lse -inf and weighs
-// exactly 0; no nonempty split => latent 0 and lse -inf.
+// exactly 0; no nonempty split => latent 0 and lse -inf. kBalancedSlots: as the split kernel's.
+template <bool kBalancedSlots>
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
   constexpr int kChunks = kKvLoraRank / kCombineDims;
@@ -695,27 +732,15 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const int dim = static_cast<int>(group % kChunks) * kCombineDims + lane * 4;
 
   // Host-written metadata: read before the PDL wait. The entry's request's slots: num_splits each, or with
-  // balanced slots the batch's page scan, as the split kernels (a block's groups span at most
-  // kCombineMaxWarps entries, so as many requests).
+  // balanced slots the warp's own scan of the batch's pages, as the split kernels.
   const int rows_m = p.entries_per_request;
-  const int request = static_cast<int>(entry / rows_m);
+  const int request = static_cast<int>(entry) / rows_m;  // entries < 2^31 (plan_core)
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
-  detail::RequestSlots slots{request * p.num_splits, p.num_splits};
-  if (p.balanced_slots) {
-    __shared__ detail::RequestSlots block_slots[kCombineMaxWarps];
-    const int first_request = static_cast<int>(int64_t{blockIdx.x} * groups_per_block / kChunks / rows_m);
-    if (warp == 0) {
-      detail::warp_request_slots(p.lengths, nullptr, p.num_requests, p.grid_requests, p.num_splits,
-                                 [&](int r, detail::RequestSlots s, int, int) {
-                                   if (r >= first_request && r < first_request + kCombineMaxWarps) {
-                                     block_slots[r - first_request] = s;
-                                   }
-                                 });
-    }
-    __syncthreads();
-    // An inactive warp (past the last entry) reads partial row 0 only: one slot, no page.
-    slots = active ? block_slots[request - first_request] : detail::RequestSlots{0, 1};
-  }
+  // An inactive warp (past the last entry: request 0) only reads inside request 0's slots.
+  const detail::RequestSlots slots =
+      kBalancedSlots
+          ? detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request)
+          : detail::RequestSlots{request * p.num_splits, p.num_splits};
   const int splits = nonempty_splits(length, slots.count);
   // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request.
   const int64_t partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);
@@ -795,7 +820,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
       total.z += v.z;
       total.w += v.w;
     }
-    const float scale = sum > 0.0f ? p.k_scale / sum : 0.0f;
+    // NOTE: __fdividef (2 ulp; sum is in [1, splits]), not /: the IEEE division's slow-path call made ptxas spill.
+    const float scale = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
     __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * scale, total.y * scale);
     __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * scale, total.w * scale);
     uint2 packed;

@@ -1,7 +1,7 @@
 // The FP8 attention core, wgmma version (sm_90a Hopper warpgroup MMAs), DESIGN.md §4.
 //
-// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y = CTA slot (a split
-// of some request, slot_split). Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
+// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y and z = the split and the
+// request (slot_split). Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
 // attention rows the N side, so H·q = 16 runs an m64n16 tile without padding. Per page:
 //   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
 //      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
@@ -295,8 +295,8 @@ __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4
 
 }  // namespace wgmma_detail
 
-// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
-template <int kTileN, int kStages, int kMinBlocksPerSm>
+// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.
+template <int kTileN, int kStages, int kMinBlocksPerSm, bool kBalancedSlots>
 __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     core_wgmma_kernel(const __grid_constant__ CoreParams p) {
   using namespace detail;
@@ -320,16 +320,14 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const int g = lane / 4;
   const int c = lane % 4;
   const int tile = blockIdx.x;
-  const int slot = blockIdx.y;  // CTA slot of the batch: a split of some request (slot_split)
   const int rows_m = p.q * p.num_heads;
   const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  static_assert(sizeof(smem.kv) >= sizeof(SlotSplit), "the page ring lends the slot scan its scratch");
-  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplit*>(&smem.kv[0][0]));
+  const SlotSplit where = slot_split<kBalancedSlots>(p);  // which split of which request
   const int request = where.request;
   const int64_t entry0 = int64_t{request} * rows_m;
-  const int64_t partial_row0 = int64_t{slot} * rows_m;  // this slot's partial rows (more than one split)
+  const int64_t partial_row0 = int64_t{where.slot} * rows_m;  // this slot's partial rows (more than one split)
   const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;

@@ -1,6 +1,6 @@
 // The FP8 attention core, warp-specialized wgmma version (sm_90a), DESIGN.md §4.
 //
-// Grid as the wgmma kernel (x = N-tile, y = CTA slot); block: three warpgroups with their own
+// Grid as the wgmma kernel (x = N-tile, y and z = split and request); block: three warpgroups with their own
 // roles, so that the phases of one page overlap those of the next instead of running in lockstep:
 //   - the score warpgroup (0, kWsScoreRegisters registers): per page, waits for it, computes
 //     S^T = K·Q^T over the whole 576-long reduction for all kTileN rows (f16 wgmma m64nNk16, A = K from
@@ -59,8 +59,8 @@ inline constexpr uint32_t kScoreRowBarrier = 2;   // its row max / final sum exc
 
 }  // namespace wgmma_ws_detail
 
-// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth.
-template <int kTileN, int kStages>
+// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.
+template <int kTileN, int kStages, bool kBalancedSlots>
 __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __grid_constant__ CoreParams p) {
   using namespace detail;
   using namespace wgmma_detail;
@@ -82,16 +82,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   const int g = lane / 4;
   const int c = lane % 4;
   const int tile = blockIdx.x;
-  const int slot = blockIdx.y;  // CTA slot of the batch: a split of some request (slot_split)
   const int rows_m = p.q * p.num_heads;
   const int tile_row0 = tile * kTileN;
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  static_assert(sizeof(smem.kv) >= sizeof(SlotSplit), "the page ring lends the slot scan its scratch");
-  const SlotSplit where = slot_split(p, slot, *reinterpret_cast<SlotSplit*>(&smem.kv[0][0]));
+  const SlotSplit where = slot_split<kBalancedSlots>(p);  // which split of which request
   const int request = where.request;
   const int64_t entry0 = int64_t{request} * rows_m;
-  const int64_t partial_row0 = int64_t{slot} * rows_m;  // this slot's partial rows (more than one split)
+  const int64_t partial_row0 = int64_t{where.slot} * rows_m;  // this slot's partial rows (more than one split)
   const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
   if (writes_nothing) return;
   const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;

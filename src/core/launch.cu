@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -24,16 +25,17 @@ struct SplitKernel {
   size_t smem_bytes;
 };
 
-// Bounded dispatch on (variant, tile, ring depth): a value outside the table is an error, never a
-// fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
+// Bounded dispatch on (variant, tile, ring depth), kB = balanced slots: a value outside the table is an error,
+// never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
 // wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
 // else one CTA per SM. Warp-specialized wgmma: one CTA of 384 threads per SM.
+template <bool kB>
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (kernel == kKernelMmaSync) {
     switch (stages) {
-      case 2: return {core_split_kernel<2, 2>, sizeof(SharedMemoryPlan<2>)};
-      case 3: return {core_split_kernel<3, 1>, sizeof(SharedMemoryPlan<3>)};
-      case 4: return {core_split_kernel<4, 1>, sizeof(SharedMemoryPlan<4>)};
+      case 2: return {core_split_kernel<2, 2, kB>, sizeof(SharedMemoryPlan<2>)};
+      case 3: return {core_split_kernel<3, 1, kB>, sizeof(SharedMemoryPlan<3>)};
+      case 4: return {core_split_kernel<4, 1, kB>, sizeof(SharedMemoryPlan<4>)};
       default: throw_bad_argument("CoreShape.stages", "2, 3 or 4 for mma.sync (0 = default)", std::to_string(stages));
     }
   }
@@ -44,35 +46,40 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (kernel == kKernelWgmmaWs) {
     switch (tile_rows) {
       case 16:
-        if (stages == 2) return {core_wgmma_ws_kernel<16, 2>, sizeof(WgmmaWsSharedMemoryPlan<16, 2>)};
-        return {core_wgmma_ws_kernel<16, 3>, sizeof(WgmmaWsSharedMemoryPlan<16, 3>)};
+        if (stages == 2) return {core_wgmma_ws_kernel<16, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<16, 2>)};
+        return {core_wgmma_ws_kernel<16, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<16, 3>)};
       case 32:
-        if (stages == 2) return {core_wgmma_ws_kernel<32, 2>, sizeof(WgmmaWsSharedMemoryPlan<32, 2>)};
-        return {core_wgmma_ws_kernel<32, 3>, sizeof(WgmmaWsSharedMemoryPlan<32, 3>)};
+        if (stages == 2) return {core_wgmma_ws_kernel<32, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<32, 2>)};
+        return {core_wgmma_ws_kernel<32, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<32, 3>)};
       case 48:
-        if (stages == 2) return {core_wgmma_ws_kernel<48, 2>, sizeof(WgmmaWsSharedMemoryPlan<48, 2>)};
-        return {core_wgmma_ws_kernel<48, 3>, sizeof(WgmmaWsSharedMemoryPlan<48, 3>)};
+        if (stages == 2) return {core_wgmma_ws_kernel<48, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<48, 2>)};
+        return {core_wgmma_ws_kernel<48, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<48, 3>)};
       case 64:
-        if (stages == 2) return {core_wgmma_ws_kernel<64, 2>, sizeof(WgmmaWsSharedMemoryPlan<64, 2>)};
-        return {core_wgmma_ws_kernel<64, 3>, sizeof(WgmmaWsSharedMemoryPlan<64, 3>)};
+        if (stages == 2) return {core_wgmma_ws_kernel<64, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<64, 2>)};
+        return {core_wgmma_ws_kernel<64, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<64, 3>)};
       default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
     }
   }
   switch (tile_rows) {
     case 16:
-      if (stages == 2) return {core_wgmma_kernel<16, 2, 2>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
-      return {core_wgmma_kernel<16, 3, 1>, sizeof(WgmmaSharedMemoryPlan<16, 3>)};
+      if (stages == 2) return {core_wgmma_kernel<16, 2, 2, kB>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
+      return {core_wgmma_kernel<16, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<16, 3>)};
     case 32:
-      if (stages == 2) return {core_wgmma_kernel<32, 2, 1>, sizeof(WgmmaSharedMemoryPlan<32, 2>)};
-      return {core_wgmma_kernel<32, 3, 1>, sizeof(WgmmaSharedMemoryPlan<32, 3>)};
+      if (stages == 2) return {core_wgmma_kernel<32, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<32, 2>)};
+      return {core_wgmma_kernel<32, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<32, 3>)};
     case 48:
-      if (stages == 2) return {core_wgmma_kernel<48, 2, 1>, sizeof(WgmmaSharedMemoryPlan<48, 2>)};
-      return {core_wgmma_kernel<48, 3, 1>, sizeof(WgmmaSharedMemoryPlan<48, 3>)};
+      if (stages == 2) return {core_wgmma_kernel<48, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<48, 2>)};
+      return {core_wgmma_kernel<48, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<48, 3>)};
     case 64:
-      if (stages == 2) return {core_wgmma_kernel<64, 2, 1>, sizeof(WgmmaSharedMemoryPlan<64, 2>)};
-      return {core_wgmma_kernel<64, 3, 1>, sizeof(WgmmaSharedMemoryPlan<64, 3>)};
+      if (stages == 2) return {core_wgmma_kernel<64, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<64, 2>)};
+      return {core_wgmma_kernel<64, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<64, 3>)};
     default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
   }
+}
+
+SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, bool balanced_slots) {
+  return balanced_slots ? split_kernel_for<true>(kernel, tile_rows, stages)
+                        : split_kernel_for<false>(kernel, tile_rows, stages);
 }
 
 int threads_for(int kernel) {
@@ -157,7 +164,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     const int default_stages = plan.kernel == kKernelWgmmaWs ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
-  const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages);
+  const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, false);
   const KernelFn kernel = split_kernel.fn;
   plan.smem_bytes = split_kernel.smem_bytes;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -174,15 +181,10 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // NOTE: at least two pages a split, so that each split overlaps a page's load with the previous
   // page's math; one-page splits also double the fp32 partials the combine reads (measured 4x4k x12:
   // 63 one-page splits 17.8 µs, 32 two-page splits 13.8 µs; bench/results/core.md, small batches).
-  // The batch's num_splits x requests CTA slots are the grid's y (split_rule.h): at most 65535.
-  const int64_t max_splits_by_grid = std::max<int64_t>(1, kMaxGridY / requests);
-  const int64_t max_splits =
-      std::min({int64_t{kMaxSplits}, max_splits_by_grid, std::max<int64_t>(1, max_pages / 2)});
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_pages / 2));
   if (shape.num_splits > 0) {
-    if (shape.num_splits > kMaxSplits || shape.num_splits > max_splits_by_grid) {
-      throw_bad_argument("CoreShape.num_splits",
-                         "<= " + std::to_string(std::min<int64_t>(kMaxSplits, max_splits_by_grid)) +
-                             " (and splits x requests <= 65535)",
+    if (shape.num_splits > kMaxSplits) {
+      throw_bad_argument("CoreShape.num_splits", "<= " + std::to_string(kMaxSplits),
                          std::to_string(shape.num_splits));
     }
     plan.num_splits = shape.num_splits;
@@ -190,8 +192,24 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     plan.num_splits = choose_splits(requests * plan.m_tiles, int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
-  plan.grid = dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1);
-  plan.balanced_slots = plan.num_splits >= kMinBalancedSplits && requests > 1;
+  // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own
+  // holds more than the uniform deal's (src/core/README.md, next step 7). Their S x R CTA slots are the grid's y
+  // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
+  plan.balanced_slots =
+      plan.num_splits >= kMinBalancedSplits && requests > 1 && int64_t{plan.num_splits} * requests <= kMaxGridY;
+  plan.grid = plan.balanced_slots
+                  ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)
+                  : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
+                         static_cast<unsigned>(requests));
+  if (plan.balanced_slots) {  // its own instantiation of the split kernel: same shared memory and occupancy
+    const KernelFn balanced = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, true).fn;
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(balanced, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(plan.smem_bytes)));
+    int balanced_ctas_per_sm = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&balanced_ctas_per_sm, balanced,
+                                                                 threads_for(plan.kernel), plan.smem_bytes));
+    if (balanced_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced split kernel's occupancy differs");
+  }
   const int64_t entries = shape.rows * shape.heads;
   plan.workspace_bytes = plan.num_splits == 1
                              ? 0
@@ -228,6 +246,11 @@ CorePlan plan_core(const CoreShape& shape) {
   }
   const int64_t requests = shape.rows / shape.q;
   if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
+  // The combine finds an entry's request by a 32-bit division (a 64-bit one is a call, and ptxas spilled around it).
+  if (shape.rows * shape.heads > INT32_MAX) {
+    throw_bad_argument("CoreShape.rows * heads", "<= 2^31 - 1 (row, head) entries",
+                       std::to_string(shape.rows * shape.heads));
+  }
 
   if (shape.kernel < 0 || shape.kernel > kKernelWgmmaWs) {
     throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-ws)",
@@ -267,7 +290,6 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.q = shape.q;
   params.num_splits = plan.num_splits;
   params.grid_requests = static_cast<int>(shape.rows / shape.q);
-  params.balanced_slots = plan.balanced_slots;
   params.dcp_rank = args.dcp.rank;
   params.dcp_size = args.dcp.size;
   params.dcp_interleave = args.dcp.interleave;
@@ -280,7 +302,8 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
     params.partial_lse = params.partial_latent + static_cast<int64_t>(plan.num_splits) * entries * kKvLoraRank;
   }
   void* split_args[] = {&params};
-  launch_with_pdl(reinterpret_cast<const void*>(split_kernel_for(plan.kernel, plan.tile_rows, plan.stages).fn),
+  launch_with_pdl(reinterpret_cast<const void*>(
+                      split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, plan.balanced_slots).fn),
                   plan.grid, dim3(threads_for(plan.kernel)), plan.smem_bytes, stream, split_args, pdl);
   if (plan.num_splits == 1) return;
 
@@ -293,13 +316,13 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.num_entries = entries;
   combine.num_splits = plan.num_splits;
   combine.grid_requests = static_cast<int>(shape.rows / shape.q);
-  combine.balanced_slots = plan.balanced_slots;
   combine.warps_per_entry = plan.combine_warps_per_entry;
   combine.k_scale = args.k_scale;
   combine.latent = args.latent;
   combine.lse = args.lse;
   void* combine_args[] = {&combine};
-  launch_with_pdl(reinterpret_cast<const void*>(&core_combine_kernel),
+  const auto combine_kernel = plan.balanced_slots ? &core_combine_kernel<true> : &core_combine_kernel<false>;
+  launch_with_pdl(reinterpret_cast<const void*>(combine_kernel),
                   plan.combine_grid, plan.combine_block, 0,
                   stream, combine_args);
 }

@@ -48,9 +48,11 @@ struct CorePlan {
   int stages = 2;              // K/V page ring depth
   int ctas_per_sm = 1;         // occupancy of the split kernel
   int num_sms = 0;             // multiprocessors of the planned device
-  dim3 grid;                   // split kernel grid (m_tiles, num_splits * requests): CTA slots (split_rule.h)
+  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced: (m_tiles,
+                               // num_splits * requests, 1), CTA slots dealt by pages (split_rule.h)
   bool balanced_slots = false; // the slots dealt to the requests by pages at run time (first_slot), not
-                               // num_splits each: num_splits >= kMinBalancedSplits and more than one request
+                               // num_splits each: num_splits >= kMinBalancedSplits, more than one request
+                               // and num_splits * requests <= 65535 (grid y)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
   int combine_warps_per_entry = 1;  // combine kernel: warps per (entry, 128-dim chunk)

@@ -23,7 +23,6 @@ struct CoreParams {
   int num_splits = 1;     // planned split-KV count per request; 1 = write latent/lse directly, no combine
   int grid_requests = 1;  // rows / q (padded requests included): num_splits * grid_requests CTA slots per
                           // M-tile: num_splits each, or dealt by pages (split_rule.h, first_slot)
-  bool balanced_slots = false;  // CorePlan.balanced_slots: the slots dealt by pages (a scan of `lengths`)
   int dcp_rank = 0;       // local token j has global position ((j / I) * D + k) * I + j % I
   int dcp_size = 1;       //   D (1 = no DCP: g = j)
   int dcp_interleave = 1; //   I
@@ -49,7 +48,6 @@ struct CombineParams {
   int64_t num_entries = 0;                // rows * heads
   int num_splits = 1;                     // planned per request (CoreParams)
   int grid_requests = 1;                  // rows / q (CoreParams)
-  bool balanced_slots = false;            // CoreParams
   int warps_per_entry = 1;                // warps merging one (entry, 128-dim chunk): 1..kCombineMaxWarps, a power of 2
   float k_scale = 1;                      // multiplies the merged latent
   void* latent = nullptr;                 // [rows, heads, 512] bf16

@@ -104,5 +104,20 @@ TEST(CoreSplitRule, BalancedSlots) {
   for (int r = 0; r <= 10; ++r) EXPECT_EQ(first_slot(r, 0, 0, 3, 10), 3 * r);
 }
 
+// floor_div_small_quotient (first_slot's division): exact against a / b wherever the float estimate lands on
+// either side of an integer (exact multiples, one below, one above), quotients up to 2^20 - 1.
+TEST(CoreSplitRule, FloorDivisionOfASmallQuotient) {
+  using core::floor_div_small_quotient;
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200000; ++trial) {
+    const int64_t b = 1 + static_cast<int64_t>(rng() % (trial % 2 == 0 ? 1000 : (int64_t{1} << 40)));
+    const int64_t q = static_cast<int64_t>(rng() % (1 << 20));
+    for (const int64_t a : {q * b, q * b - 1, q * b + 1, q * b + b / 2, q * b + b - 1}) {
+      if (a < 0 || a / b >= (1 << 20)) continue;
+      ASSERT_EQ(floor_div_small_quotient(a, b), a / b) << a << " / " << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mla

@@ -363,6 +363,7 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 4}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 524280, .heads = 4097, .q = 8}), Error);  // rows * heads >= 2^31
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaWs, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
@@ -392,6 +393,14 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_FALSE(
       core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1}).balanced_slots);
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16}).balanced_slots);  // one request
+  // ... whose S x R slots are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
+  const core::CorePlan wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 255});
+  EXPECT_TRUE(wide.balanced_slots);
+  EXPECT_EQ(wide.grid.y, 255u * 256u);
+  const core::CorePlan too_wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 256});
+  EXPECT_FALSE(too_wide.balanced_slots);
+  EXPECT_EQ(too_wide.grid.y, 256u);
+  EXPECT_EQ(too_wide.grid.z, 256u);
 }
 
 }  // namespace
