@@ -222,6 +222,7 @@ struct SlotSplit {
 __device__ __forceinline__ SlotSplit balanced_slot_split(const int32_t* lengths, const int32_t* totals,
                                                       int num_requests, int grid_requests, int num_splits, int slot) {
   SlotSplit mine;
+  mine.slot = slot;  // the argument: the same on every lane (the owner's other fields are shuffled below)
   bool found = false;
   warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int length) {
     if (slot >= s.first && slot < s.first + s.count) {
