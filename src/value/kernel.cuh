@@ -73,11 +73,14 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
 
   // ---- 2. This thread's 8 x 8 block of W_UV into registers. The weights do not depend on the
   // previous kernel, so this runs before the PDL wait, overlapping the producer's tail.
+  // NOTE: plain loads, not __ldg: ptxas hoisted the wait (ACQBULK) above the ld.global.nc loads, to the
+  // kernel's 7th SASS instruction, so the weights were fetched after it (cuobjdump -sass, 2026-12-05);
+  // with plain loads all 8 are issued before it.
   uint4 w_packed[kKPerThread];
   const __nv_bfloat16* w_head = p.w_uv + static_cast<int64_t>(head) * kKvLoraRank * kVHeadDim;
 #pragma unroll
   for (int i = 0; i < kKPerThread; ++i) {
-    w_packed[i] = __ldg(reinterpret_cast<const uint4*>(w_head + (k_begin + i) * kVHeadDim + column_begin));
+    w_packed[i] = *reinterpret_cast<const uint4*>(w_head + (k_begin + i) * kVHeadDim + column_begin);
   }
   float w[kKPerThread][kColumnsPerThread];
 #pragma unroll
