@@ -4,7 +4,9 @@ than read: per (H, q) panel, µs per step against batch rows for each context, f
 the floor (dotted), the stock composition with our core (dashed) and with a stock attention
 (dash-dot, where the sweep ran it). Needs matplotlib (present on the H200 image).
 
-    python3 bench/plot_step.py bench/results/step.csv bench/results/step.png
+    python3 bench/plot_step.py bench/results/step.csv bench/results/step.png [DEVICE]
+
+DEVICE (default "H200") names the GPU the CSV was measured on, in the title.
 """
 import csv
 import sys
@@ -16,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(csv_path: str, png_path: str) -> None:
+def main(csv_path: str, png_path: str, device: str = "H200") -> None:
     # Uniform-context rows only: a varlen row (step_bench --shape ...v) has no curve of its own here.
     rows = [r for r in csv.DictReader(open(csv_path)) if r.get("varlen", "0") in ("", "0")]
     panels = sorted({(int(r["heads"]), int(r["q"])) for r in rows})
@@ -47,10 +49,12 @@ def main(csv_path: str, png_path: str) -> None:
         ax.set_title(f"H = {heads}, q = {q}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=3)
-    fig.suptitle("mla-decode whole step on one H200: fused vs floor vs stock composition")
+    fig.suptitle(f"mla-decode whole step on one {device}: fused vs floor vs stock composition")
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: plot_step.py STEP_CSV OUT_PNG [DEVICE]")
+    main(*sys.argv[1:])
