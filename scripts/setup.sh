@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs beyond the CUDA toolkit into project-local, git-ignored folders:
-#   .deps/cutlass  CUTLASS/CuTe C++ headers from the pinned PyPI package nvidia-cutlass
+#   .deps/cutlass    CUTLASS/CuTe C++ headers from the pinned PyPI package nvidia-cutlass
+#   .deps/sass-tools cuobjdump + nvdisasm (pinned PyPI packages; this toolkit image lacks them) for the SASS
+#                    test tests/sass/kernel_sass.py (it skips, saying so, where they are missing)
 # and, where the machine lets us, ccache (optional: the build works without it). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,20 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$CUTLASS_VERSION" ]]; then
   test -f "$CUTLASS_DIR/cutlass_library/source/include/cute/tensor.hpp" \
     || { echo "setup: nvidia-cutlass installed but its headers are missing" >&2; exit 1; }
   echo "$CUTLASS_VERSION" > "$stamp"
+fi
+
+SASS_TOOLS_VERSION=13.5.37
+SASS_TOOLS_DIR=.deps/sass-tools
+if [[ ! -f "$SASS_TOOLS_DIR/.version" || "$(cat "$SASS_TOOLS_DIR/.version")" != "$SASS_TOOLS_VERSION" ]]; then
+  echo "setup: installing cuobjdump and nvdisasm $SASS_TOOLS_VERSION into $SASS_TOOLS_DIR"
+  rm -rf "$SASS_TOOLS_DIR"
+  if python3 -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --target "$SASS_TOOLS_DIR" \
+       "nvidia-cuda-cuobjdump==$SASS_TOOLS_VERSION" "nvidia-cuda-nvdisasm==$SASS_TOOLS_VERSION"; then
+    chmod +x "$SASS_TOOLS_DIR"/nvidia/cu13/bin/*
+    echo "$SASS_TOOLS_VERSION" > "$SASS_TOOLS_DIR/.version"
+  else
+    echo "setup: cuobjdump/nvdisasm not installed; the SASS test will skip (say so)" >&2
+  fi
 fi
 
 for tool in cmake ninja nvcc; do

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Two properties of the built kernels that only their SASS shows.
+
+1. The loads each kernel issues before its PDL wait are still before it. Every kernel of a step starts
+   while its producer is still running (programmatic dependent launch) and issues the loads that do not
+   depend on the producer (weights, host-written metadata) before `griddepcontrol.wait`, so their round
+   trips overlap the producer's tail. Nothing in CUDA keeps them there: ptxas may move the wait (SASS
+   `ACQBULK`) above them, and it did (value_kernel's W_UV `__ldg` loads, found 2026-12-05: the wait became
+   the kernel's 7th instruction). Checked per kernel family: a minimum count of global loads (LDG, LDGSTS)
+   before the first ACQBULK.
+2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
+   LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
+   in a benchmark.
+
+usage: kernel_sass.py CUOBJDUMP_DIR LIBRARY...   (exit 77 = skipped: no cuobjdump/nvdisasm)
+"""
+import os
+import re
+import subprocess
+import sys
+
+# Kernel name (mangled, as cuobjdump prints it) -> fewest loads (LDG, LDGSTS) and L2 bulk prefetches (UBLKPF)
+# before the wait, and what they are. The counts are static SASS instructions (a predicated or unrolled load counts
+# once per instruction): the designed loads where they are few (core, value_kernel), a floor well under today's
+# count where they are many (the query kernels issue 18-27, the balanced core kernels 15-17): the failure this
+# guards against is the wait moving above them all.
+RULES = [
+    (r"core_split_kernel", 2, 0, "lengths and totals (src/core/kernel.cuh, split_pages / slot_split)"),
+    (r"core_wgmma_kernel", 2, 0, "lengths and totals (kernel_wgmma.cuh)"),
+    (r"core_wgmma_ws_kernel", 2, 0, "lengths and totals (kernel_wgmma_ws.cuh)"),
+    (r"core_combine_kernel", 1, 0, "lengths (src/core/kernel.cuh, combine)"),
+    (r"value_kernel", 8, 0, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
+    (r"value_mma_kernel", 2, 0, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)"),
+    (r"fused_query_kernel", 12, 0, "the W_UK slice's cp.async and the q_a_norm weights (src/query/kernel.cuh)"),
+]
+# Kernels (demangled, exact) that use local memory today, and why that is accepted.
+LOCAL_MEMORY_ALLOWED = {
+    "void mla::core::core_wgmma_kernel<16, 2, 2, false>(mla::core::CoreParams)":
+        "16-row tiles at 2 CTAs/SM cap it at 128 registers; planned only when forced (H*q <= 16 plans mma.sync)",
+    "void mla::core::core_wgmma_kernel<16, 2, 2, true>(mla::core::CoreParams)": "as <16, 2, 2, false>",
+    "void mla::core::core_wgmma_kernel<64, 2, 1, true>(mla::core::CoreParams)":
+        "the balanced 64-row tile at 255 registers: two values of the slot lookup on the stack, one reload a page "
+        "(an L1 hit; unmeasured)",
+    "void mla::core::core_wgmma_ws_kernel<64, 3, false>(mla::core::CoreParams)":
+        "the ws kernel is planned for 32/48-row tiles only; 64 rows exist for core_bench variants",
+    "void mla::core::core_wgmma_ws_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_wgmma_ws_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_wgmma_ws_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_combine_kernel<false>(mla::core::CombineParams)":
+        "8 B of stack at ptxas' 64-register allocation: one value stored after the PDL wait and reloaded for the "
+        "final store, outside the merge loop (unmeasured; a candidate for a fix)",
+    "void mla::core::core_combine_kernel<true>(mla::core::CombineParams)":
+        "16 B of stack at 64 registers: the balanced slot lookup's values (unmeasured; a candidate for a fix)",
+    "void mla::query::fused_query_kernel<8, 2, false>(mla::query::QueryParams)":
+        "64-row tiles, planned only above 64 rows at H < 12 (the GEMM path otherwise): 40 B of stack in an inner "
+        "loop at its 168-register cap",
+}
+LOAD = re.compile(r"(LDG|LDGSTS)(\.|$)")
+INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+
+
+def kernels(sass):
+    """(name, [instructions]) per function of cuobjdump -sass output."""
+    name, body = None, []
+    for line in sass.splitlines():
+        if "Function :" in line:
+            if name:
+                yield name, body
+            name, body = line.split("Function :")[1].strip(), []
+        elif name:
+            m = INSTRUCTION.match(line)
+            if m:
+                body.append(m.group(1))
+    if name:
+        yield name, body
+
+
+def opcode(instruction):
+    """The opcode of a SASS instruction, past its predicate (`@!P0 LDG.E ...` -> `LDG.E`)."""
+    words = instruction.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    tools, libraries = sys.argv[1], sys.argv[2:]
+    cuobjdump = os.path.join(tools, "cuobjdump")
+    if not (os.access(cuobjdump, os.X_OK) and os.access(os.path.join(tools, "nvdisasm"), os.X_OK)):
+        print(f"SKIPPED: no cuobjdump/nvdisasm in {tools} (scripts/setup.sh installs them)")
+        return 77
+    env = dict(os.environ, PATH=tools + os.pathsep + os.environ.get("PATH", ""))
+    all_kernels = []
+    for library in libraries:
+        sass = subprocess.run([cuobjdump, "-sass", library], env=env, check=True, capture_output=True,
+                              text=True).stdout
+        all_kernels.extend(kernels(sass))
+    if not all_kernels:
+        print("FAILED: no kernel in " + " ".join(libraries))
+        return 1
+    readable = demangle([name for name, _ in all_kernels])
+    failures, waits_checked = [], 0
+    for name, body in all_kernels:
+        ops = [opcode(ins) for ins in body]
+        # 1. Loads before the PDL wait.
+        rule = next((r for r in RULES if re.search(r[0] + r"I|" + r[0] + r"E", name)), None)
+        if rule is not None:
+            wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), None)
+            if wait is None:
+                failures.append(f"{readable[name]}: no ACQBULK (griddepcontrol.wait) at all")
+            else:
+                before = sum(1 for op in ops[:wait] if LOAD.match(op))
+                prefetches = sum(1 for op in ops[:wait] if op.startswith("UBLKPF"))
+                waits_checked += 1
+                line = (f"{readable[name]}: wait at SASS instruction {wait}, {before} loads and {prefetches} L2 "
+                        f"prefetches before it (need >= {rule[1]} and >= {rule[2]}: {rule[3]})")
+                print(line)
+                if before < rule[1] or prefetches < rule[2]:
+                    failures.append("loads after the PDL wait: " + line)
+        # 2. Local memory.
+        local = sum(1 for op in ops if op.startswith(("STL", "LDL")))
+        if local:
+            why = LOCAL_MEMORY_ALLOWED.get(readable[name])
+            line = f"{readable[name]}: {local} local-memory instructions (STL/LDL)"
+            print(line + (f": allowed, {why}" if why else ""))
+            if why is None:
+                failures.append("local memory: " + line + " (spills? see ptxas -v; or list it with the reason)")
+    if waits_checked == 0:
+        print("FAILED: no kernel matched a PDL-wait rule (renamed kernels? update RULES)")
+        return 1
+    if failures:
+        print("\nFAILED:")
+        for f in failures:
+            print("  " + f)
+        return 1
+    print(f"\nPASSED: {len(all_kernels)} kernels, {waits_checked} with a PDL-wait rule")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
