@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
   // previous kernel, so this runs before the PDL wait, overlapping the producer's tail.
   // NOTE: plain loads, not __ldg: ptxas hoisted the wait (ACQBULK) above the ld.global.nc loads, to the
   // kernel's 7th SASS instruction, so the weights were fetched after it (cuobjdump -sass, 2026-12-05);
-  // with plain loads all 8 are issued before it.
+  // with plain loads all 8 are issued before it (tests/sass/kernel_sass.py fails if that changes).
   uint4 w_packed[kKPerThread];
   const __nv_bfloat16* w_head = p.w_uv + static_cast<int64_t>(head) * kKvLoraRank * kVHeadDim;
 #pragma unroll
