@@ -156,7 +156,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // The pages of `request` (0 for a padded one).
 __device__ __forceinline__ int request_pages(const int32_t* lengths, int num_requests, int request) {
-  return request < num_requests ? (lengths[request] + kPageSize - 1) / kPageSize : 0;
+  return request < num_requests ? pages_of(lengths[request]) : 0;
 }
 
 // A request's CTA slots under the balanced rule (split_rule.h, first_slot): slots [first, first + count).
@@ -193,7 +193,7 @@ __device__ __forceinline__ void warp_request_slots(const int32_t* lengths, int n
   for (int i = 0; i < count; ++i) {
     const int r = first_request + i;
     const int length = r < num_requests ? lengths[r] : 0;
-    before += (length + kPageSize - 1) / kPageSize;
+    before += pages_of(length);
     const int next = i + 1 < count ? first_slot(r + 1, before, total_pages, num_splits, grid_requests) : after_run;
     visit(r, RequestSlots{first, next - first}, length);
     first = next;

@@ -19,13 +19,16 @@ namespace mla::core {
 // NOTE: a request shorter than max_context gets one-page splits; a floor of two pages a split at run time
 // measured slower where the splits are few (1 x 4k x 12 planned for 128k: 64 one-page splits 9.2 µs, 32
 // two-page ones 11.1; src/core/README.md, 2026-12-05).
+// The pages of a request of `length` tokens (the last one partly filled).
+MLA_CORE_SPLIT_RULE_FN int pages_of(int length) { return (length + kPageSize - 1) / kPageSize; }
+
 struct SplitRule {
   int pages = 0;            // the request's pages
   int pages_per_split = 0;  // 0 when it has none
 };
 MLA_CORE_SPLIT_RULE_FN SplitRule split_rule(int length, int num_splits) {
   SplitRule r;
-  r.pages = (length + kPageSize - 1) / kPageSize;
+  r.pages = pages_of(length);
   r.pages_per_split = (r.pages + num_splits - 1) / num_splits;
   return r;
 }
