@@ -200,6 +200,39 @@ __device__ __forceinline__ void warp_request_slots(const int32_t* lengths, int n
   }
 }
 
+// The same for a batch of at most 32 requests, without loops: lane r is request r, and gets its slots
+// [first, next) and its length and total. The batch's pages fit 32 bits here (32 requests of < 2^26 pages).
+// NOTE: the balanced kernels' whole cost at uniform lengths is this lookup on each CTA's path to its first page
+// (1-2 µs a step, 2026-12-05, bench/results/core.md); this form keeps that chain short for the small batches,
+// where it matters: one load, five shuffles, one first_slot, three shuffles.
+struct LaneSlots {
+  int first = 0;
+  int next = 0;
+  int length = 0;
+  int total = 0;
+};
+__device__ __forceinline__ LaneSlots lane_request_slots(const int32_t* lengths, const int32_t* totals, int num_requests,
+                                                      int grid_requests, int num_splits) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  LaneSlots s;
+  if (lane < num_requests) {  // num_requests <= grid_requests <= 32
+    s.length = lengths[lane];
+    s.total = totals != nullptr ? totals[lane] : s.length;
+  }
+  const int pages = (s.length + kPageSize - 1) / kPageSize;
+  int inclusive = pages;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += other;
+  }
+  const int total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
+  s.first = first_slot(lane, inclusive - pages, total_pages, num_splits, grid_requests);
+  const int next_first = __shfl_down_sync(0xffffffffu, s.first, 1);
+  s.next = lane + 1 >= grid_requests ? num_splits * grid_requests : next_first;
+  return s;
+}
+
 // Which split of which request a split kernel's CTA is, with that request's length and total (DCP: its global
 // length). Host-written data only: before the PDL wait.
 struct SlotSplit {
@@ -223,6 +256,17 @@ __device__ __forceinline__ SlotSplit balanced_slot_split(const int32_t* lengths,
                                                       int num_requests, int grid_requests, int num_splits, int slot) {
   SlotSplit mine;
   mine.slot = slot;  // the argument: the same on every lane (the owner's other fields are shuffled below)
+  if (grid_requests <= 32) {
+    const LaneSlots s = lane_request_slots(lengths, totals, num_requests, grid_requests, num_splits);
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int owner = __ffs(__ballot_sync(0xffffffffu, lane < grid_requests && slot >= s.first && slot < s.next)) - 1;
+    mine.request = owner;
+    mine.split = slot - __shfl_sync(0xffffffffu, s.first, owner);
+    mine.splits = __shfl_sync(0xffffffffu, s.next - s.first, owner);
+    mine.length = __shfl_sync(0xffffffffu, s.length, owner);
+    mine.total = __shfl_sync(0xffffffffu, s.total, owner);
+    return mine;
+  }
   bool found = false;
   warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int length) {
     if (slot >= s.first && slot < s.first + s.count) {
@@ -244,6 +288,12 @@ __device__ __forceinline__ SlotSplit balanced_slot_split(const int32_t* lengths,
 __device__ __forceinline__ RequestSlots balanced_request_slots(const int32_t* lengths, int num_requests,
                                                             int grid_requests, int num_splits, int request) {
   RequestSlots mine;
+  if (grid_requests <= 32) {
+    const LaneSlots s = lane_request_slots(lengths, nullptr, num_requests, grid_requests, num_splits);
+    mine.first = __shfl_sync(0xffffffffu, s.first, request);
+    mine.count = __shfl_sync(0xffffffffu, s.next - s.first, request);
+    return mine;
+  }
   bool found = false;
   warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int) {
     if (r == request) {
