@@ -293,6 +293,51 @@ __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4
     }
 }
 
+// The end of a warpgroup's softmax over tokens (M): each of its kGroups·8 rows' running sum (l_run: this thread's
+// share, rows 8j + 2c + e) summed over the lanes g, then over the 4 warps through `red` ([warp][row], after the
+// named barrier `barrier`); warp 0's lanes g = 0 write the sums to `row_sum` and each row's LSE (natural log; a sum of
+// 0, nothing visible, gives -inf, never NaN) to the latent's LSE (one split) or the split's partial LSE. The
+// warpgroup's rows are tile rows first_row + [0, kGroups·8) (request rows tile_row0 + those); rows past rows_m are
+// padding.
+template <int kGroups>
+__device__ __forceinline__ void finish_row_sums(const CoreParams& p, const float (&l_run)[kGroups][2],
+                                                const float (&m_run)[kGroups][2], float (*red)[kGroups * 8],
+                                                float* row_sum, uint32_t barrier, int wi, int g, int c, int first_row,
+                                                int tile_row0, int rows_m, int64_t entry0, int64_t partial_row0) {
+  constexpr float kLn2 = 0.69314718055994531f;
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (g == 0) red[wi][8 * j + 2 * c + e] = l;
+    }
+  named_barrier_sync(barrier, 128);
+  const bool direct = p.num_splits == 1;
+  if (wi == 0 && g == 0) {
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int nl = 8 * j + 2 * c + e;
+        const int n = first_row + nl;
+        const float sum = red[0][nl] + red[1][nl] + red[2][nl] + red[3][nl];
+        row_sum[n] = sum;
+        const int row = tile_row0 + n;
+        if (row < rows_m) {
+          const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
+          if (direct) {
+            p.lse[entry0 + row] = lse;
+          } else {
+            p.partial_lse[partial_row0 + row] = lse;
+          }
+        }
+      }
+  }
+}
+
 }  // namespace wgmma_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.
@@ -557,41 +602,11 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     fence_accumulators<kTileN>(o);
   }
 
-  // ---- Phase 4: finalize: softmax sums over the tokens (lanes g, then the 4 warps) ---------------
+  // ---- Phase 4: finalize: softmax sums over the tokens (lanes g, then the 4 warps) and the LSE ----------
   // NOTE: the last reads of smem.red were before the loop's last CTA barrier, so it can be reused.
-#pragma unroll
-  for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float l = l_run[j][e];
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = l;
-    }
-  named_barrier_sync(1 + wg, 128);
-  constexpr float kLn2 = 0.69314718055994531f;
+  finish_row_sums<kGroupsS>(p, l_run, m_run, smem.red[wg], smem.row_sum, 1 + wg, wi, g, c, wg * kRowsWg, tile_row0,
+                            rows_m, entry0, partial_row0);
   const bool direct = p.num_splits == 1;
-  if (wi == 0 && g == 0) {
-#pragma unroll
-    for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int nl = 8 * j + 2 * c + e;
-        const int n = wg * kRowsWg + nl;
-        const float sum = smem.red[wg][0][nl] + smem.red[wg][1][nl] + smem.red[wg][2][nl] + smem.red[wg][3][nl];
-        smem.row_sum[n] = sum;
-        const int row = tile_row0 + n;
-        if (row < rows_m) {
-          // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
-          const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
-          if (direct) {
-            p.lse[entry0 + row] = lse;
-          } else {
-            p.partial_lse[partial_row0 + row] = lse;
-          }
-        }
-      }
-  }
   __syncthreads();
 
   // ---- Phase 5: stores ---------------------------------------------------------------------------

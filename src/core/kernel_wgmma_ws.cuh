@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
 
   const int token_a = 16 * wi + g;  // this thread's two tokens of a page (accumulator M rows)
   const int token_b = token_a + 8;
-  constexpr float kLn2 = 0.69314718055994531f;
   const bool direct = p.num_splits == 1;
 
   if (wg == 0) {
@@ -269,36 +268,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
     }
 
     // Final sums over the tokens (lanes g, then the 4 warps), the LSE, the sums for the value warpgroups.
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float l = l_run[j][e];
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-        if (g == 0) smem.sum_red[wi][8 * j + 2 * c + e] = l;
-      }
-    named_barrier_sync(kScoreRowBarrier, 128);
-    if (wi == 0 && g == 0) {
-#pragma unroll
-      for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = 8 * j + 2 * c + e;
-          const float sum = smem.sum_red[0][n] + smem.sum_red[1][n] + smem.sum_red[2][n] + smem.sum_red[3][n];
-          smem.row_sum[n] = sum;
-          const int row = tile_row0 + n;
-          if (row < rows_m) {
-            // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
-            const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
-            if (direct) {
-              p.lse[entry0 + row] = lse;
-            } else {
-              p.partial_lse[partial_row0 + row] = lse;
-            }
-          }
-        }
-    }
+    finish_row_sums<kGroups>(p, l_run, m_run, smem.sum_red, smem.row_sum, kScoreRowBarrier, wi, g, c, 0, tile_row0,
+                             rows_m, entry0, partial_row0);
     __syncthreads();  // (E) the sums are in shared memory
   } else {
     // ==== Value warpgroups =============================================================================
