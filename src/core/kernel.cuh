@@ -331,22 +331,34 @@ __device__ __forceinline__ SlotSplit slot_split(const CoreParams& p) {
 // A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
 // runs before the PDL wait.
 // NOTE: the kernels unpack it with a structured binding, in the order of its fields.
-struct SplitPages {
+// A split kernel CTA's work: which split of which request (slot_split), where its rows go and which pages it
+// reads. Host-written data only: every split kernel computes it before the PDL wait.
+struct CtaSplit {
+  int request = 0;
+  int64_t entry0 = 0;          // the request's first M row in the query / latent / LSE: (b*q + i)*H + h = entry0 + mi
+  int64_t partial_row0 = 0;    // this slot's first partial row (more than one split)
   int length = 0;              // the request's (local) length; 0 for padded requests
   int64_t total = 0;           // its global length (DCP), = length without DCP
   int page_begin = 0;          // first page of this split
   int num_pages = 0;           // pages of this split (0 for an empty split)
   bool writes_nothing = false; // empty, and merged by the combine (> 1 split): the CTA exits at once
+  const int32_t* pages = nullptr;  // the request's block-table row
 };
-__device__ __forceinline__ SplitPages split_pages(const CoreParams& p, const SlotSplit& slot) {
-  SplitPages s;
-  s.length = slot.length;
-  s.total = slot.total;
-  const SplitRange range = split_range(s.length, slot.splits, slot.split);
+template <bool kBalancedSlots>
+__device__ __forceinline__ CtaSplit cta_split(const CoreParams& p, int rows_m) {
+  const SlotSplit where = slot_split<kBalancedSlots>(p);
+  CtaSplit s;
+  s.request = where.request;
+  s.entry0 = int64_t{where.request} * rows_m;
+  s.partial_row0 = int64_t{where.slot} * rows_m;
+  s.length = where.length;
+  s.total = where.total;
+  const SplitRange range = split_range(s.length, where.splits, where.split);
   s.page_begin = range.page_begin;
   s.num_pages = range.num_pages;
   // With one split the request's latent is the output, so an empty request still writes its zeros / -inf.
   s.writes_nothing = s.num_pages == 0 && p.num_splits > 1;
+  s.pages = p.block_table + int64_t{where.request} * p.stride_block_table;
   return s;
 }
 
@@ -425,13 +437,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  const SlotSplit where = slot_split<kBalancedSlots>(p);  // which split of which request
-  const int request = where.request;
-  const int64_t entry0 = int64_t{request} * rows_m;       // (b*q + i)*H + h = entry0 + mi
-  const int64_t partial_row0 = int64_t{where.slot} * rows_m;    // this slot's partial rows (more than one split)
-  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
+  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
+      cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
   if (writes_nothing) return;
-  const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
   const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;
   const int64_t bound1 = total - p.q + min(row1, rows_m - 1) / p.num_heads;

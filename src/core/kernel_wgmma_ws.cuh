@@ -86,13 +86,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
   const int tile_row0 = tile * kTileN;
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const SlotSplit where = slot_split<kBalancedSlots>(p);  // which split of which request
-  const int request = where.request;
-  const int64_t entry0 = int64_t{request} * rows_m;
-  const int64_t partial_row0 = int64_t{where.slot} * rows_m;  // this slot's partial rows (more than one split)
-  const auto [length, total, page_begin, my_pages, writes_nothing] = split_pages(p, where);
+  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
+      cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
   if (writes_nothing) return;
-  const int32_t* pages = p.block_table + int64_t{request} * p.stride_block_table;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], 256);

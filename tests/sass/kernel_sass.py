@@ -25,7 +25,7 @@ import sys
 # (the query kernels issue 18-27, the balanced core kernels 15-17): the failure this guards against is the wait
 # moving above them all.
 RULES = [
-    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, split_pages / slot_split)"),
+    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
     (r"core_wgmma_kernel", 2, "lengths and totals (kernel_wgmma.cuh)"),
     (r"core_wgmma_ws_kernel", 2, "lengths and totals (kernel_wgmma_ws.cuh)"),
     (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
