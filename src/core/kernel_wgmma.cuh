@@ -257,6 +257,27 @@ __device__ __forceinline__ void rescale_rows(float (&o)[4][kTileN / 2], const fl
   }
 }
 
+// Masks this thread's base-2 logits of a page that reaches past a causal bound or the request's length (the
+// caller skips full pages): x[4j + e] of token_a and x[4j + 2 + e] of token_b belong to tile row
+// first_row + 8j + 2c + e (rows past rows_m take the last row's bound; they are padding).
+template <int kGroups>
+__device__ __forceinline__ void mask_page_logits(float (&x)[4 * kGroups], const CoreParams& p, int64_t page_token0,
+                                                 int token_a, int token_b, int length, int64_t total, int first_row,
+                                                 int c, int rows_m) {
+  const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
+  const int64_t ga = ja < length ? detail::global_position(ja, p) : INT64_MAX;
+  const int64_t gb = jb < length ? detail::global_position(jb, p) : INT64_MAX;
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int mi = min(first_row + 8 * j + 2 * c + e, rows_m - 1);
+      const int64_t bound = total - p.q + mi / p.num_heads;
+      if (ga > bound) x[4 * j + e] = -INFINITY;
+      if (gb > bound) x[4 * j + 2 + e] = -INFINITY;
+    }
+}
+
 // fence_operand on every O^T register: pins their accesses against the wgmma fences and waits around them.
 template <int kTileN>
 __device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
@@ -498,18 +519,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[4 * j + e] = s[4 * j + e] * scale_log2;
     if (!full_page) {
-      const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
-      const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
-      const int64_t gb = jb < length ? global_position(jb, p) : INT64_MAX;
-#pragma unroll
-      for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int mi = min(tile_row0 + wg * kRowsWg + 8 * j + 2 * c + e, rows_m - 1);
-          const int64_t bound = total - p.q + mi / p.num_heads;
-          if (ga > bound) x[4 * j + e] = -INFINITY;
-          if (gb > bound) x[4 * j + 2 + e] = -INFINITY;
-        }
+      mask_page_logits<kGroupsS>(x, p, page_token0, token_a, token_b, length, total, tile_row0 + wg * kRowsWg, c, rows_m);
     }
     // 3c. Online softmax with a lazily raised max (as in version 1, kernel.cuh): P^T = exp2(x - m) in
     // fp16 against the running max m of the pages before; only when a logit of the page passes m by more

@@ -186,18 +186,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
 #pragma unroll
       for (int e = 0; e < kTileN / 2; ++e) s[e] *= scale_log2;
       if (!full_page) {
-        const int64_t ja = page_token0 + token_a, jb = page_token0 + token_b;
-        const int64_t ga = ja < length ? global_position(ja, p) : INT64_MAX;
-        const int64_t gb = jb < length ? global_position(jb, p) : INT64_MAX;
-#pragma unroll
-        for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int mi = min(tile_row0 + 8 * j + 2 * c + e, rows_m - 1);
-            const int64_t bound = total - p.q + mi / p.num_heads;
-            if (ga > bound) s[4 * j + e] = -INFINITY;
-            if (gb > bound) s[4 * j + 2 + e] = -INFINITY;
-          }
+        mask_page_logits<kGroups>(s, p, page_token0, token_a, token_b, length, total, tile_row0, c, rows_m);
       }
 
       // The P^T buffer must be free: the value warpgroups finished the page kWsPBuffers before.
