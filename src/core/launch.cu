@@ -158,10 +158,12 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     plan.stages = shape.stages == 0 ? 2 : shape.stages;
   } else {
     plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : choose_wgmma_tile(rows_m);
-    // NOTE: wgmma: 2 stages by default: 16-row tiles then run two CTAs per SM (55.9 % vs 49.5 % of copy
-    // bandwidth at 128x4k x16 with 4 stages); 64-row tiles measured equal or 2 % faster with 2.
+    // NOTE: wgmma: 2 stages for 16-row tiles (they then run two CTAs per SM: 55.9 % vs 49.5 % of copy
+    // bandwidth at 128x4k x16 with 4 stages) and 64-row tiles (equal or 2 % faster with 2); 3 for 48-row tiles
+    // (one CTA per SM either way: 16x4k x96 60.3 -> 57.9 µs on an H100, bench/results/core.md 2026-12-05).
     // Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal).
-    const int default_stages = plan.kernel == kKernelWgmmaWs ? 3 : 2;
+    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.tile_rows == 48;
+    const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
   const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, false);
