@@ -160,7 +160,8 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : choose_wgmma_tile(rows_m);
     // NOTE: wgmma: 2 stages for 16-row tiles (they then run two CTAs per SM: 55.9 % vs 49.5 % of copy
     // bandwidth at 128x4k x16 with 4 stages) and 64-row tiles (equal or 2 % faster with 2); 3 for 48-row tiles
-    // (one CTA per SM either way: 16x4k x96 60.3 -> 57.9 µs on an H100, bench/results/core.md 2026-12-05).
+    // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
+    // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
     // Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal).
     const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.tile_rows == 48;
     const int default_stages = three_stages ? 3 : 2;
