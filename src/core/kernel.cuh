@@ -328,11 +328,9 @@ __device__ __forceinline__ SlotSplit slot_split(const CoreParams& p) {
   return s;
 }
 
-// A CTA's pages of its request (split_range, split_rule.h). Reads host-written metadata only (lengths, totals), so it
-// runs before the PDL wait.
-// NOTE: the kernels unpack it with a structured binding, in the order of its fields.
-// A split kernel CTA's work: which split of which request (slot_split), where its rows go and which pages it
-// reads. Host-written data only: every split kernel computes it before the PDL wait.
+// A split kernel CTA's work: which split of which request (slot_split), where its rows go and which pages of it it
+// reads (split_range, split_rule.h). Host-written data only (lengths, totals): every split kernel computes it before
+// the PDL wait. NOTE: the kernels unpack it with a structured binding, in the order of its fields.
 struct CtaSplit {
   int request = 0;
   int64_t entry0 = 0;          // the request's first M row in the query / latent / LSE: (b*q + i)*H + h = entry0 + mi
