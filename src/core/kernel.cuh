@@ -165,6 +165,18 @@ struct RequestSlots {
   int count = 1;
 };
 
+// Inclusive prefix sum of v over the warp's lanes (every lane calls it).
+template <class T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const T other = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += other;
+  }
+  return v;
+}
+
 // With balanced slots (CorePlan.balanced_slots): a warp scans the batch's pages, each lane a run of
 // ceil(grid_requests / 32) requests, and calls visit(request, RequestSlots, length) for each of its requests.
 // Every lane of the warp must call it (shuffles). Reads host-written data only: runs before the PDL wait.
@@ -177,12 +189,7 @@ __device__ __forceinline__ void warp_request_slots(const int32_t* lengths, int n
   const int count = max(0, min(per_lane, grid_requests - first_request));
   int64_t mine = 0;
   for (int i = 0; i < count; ++i) mine += request_pages(lengths, num_requests, first_request + i);
-  int64_t inclusive = mine;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int64_t other = __shfl_up_sync(0xffffffffu, inclusive, off);
-    if (lane >= off) inclusive += other;
-  }
+  const int64_t inclusive = warp_inclusive_sum(mine);
   const int64_t total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
   int64_t before = inclusive - mine;
   // One first_slot (a division) a request: the slot after a run is the next lane's first, and after the
@@ -219,13 +226,8 @@ __device__ __forceinline__ LaneSlots lane_request_slots(const int32_t* lengths, 
     s.length = lengths[lane];
     s.total = totals != nullptr ? totals[lane] : s.length;
   }
-  const int pages = (s.length + kPageSize - 1) / kPageSize;
-  int inclusive = pages;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int other = __shfl_up_sync(0xffffffffu, inclusive, off);
-    if (lane >= off) inclusive += other;
-  }
+  const int pages = pages_of(s.length);
+  const int inclusive = warp_inclusive_sum(pages);
   const int total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
   s.first = first_slot(lane, inclusive - pages, total_pages, num_splits, grid_requests);
   const int next_first = __shfl_down_sync(0xffffffffu, s.first, 1);
