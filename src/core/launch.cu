@@ -162,8 +162,9 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     // bandwidth at 128x4k x16 with 4 stages) and 64-row tiles (equal or 2 % faster with 2); 3 for 48-row tiles
     // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
     // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
+    // 32-row tiles likewise (branch wgmma-32-stages3, not yet measured at short splits).
     // Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal).
-    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.tile_rows == 48;
+    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.tile_rows == 32 || plan.tile_rows == 48;
     const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }

@@ -379,9 +379,11 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1}).kernel, core::kKernelWgmma);
   // ... unless its splits would be short (4 requests of 4k in 2-page splits): the two-warpgroup kernel.
   EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 4096}).kernel, core::kKernelWgmma);
-  // Its stages: 3 for 48-row tiles (H·q = 48 here), 2 for 16- and 64-row ones.
+  // Its stages: 3 for 32- and 48-row tiles (H·q = 48 here), 2 for 16- and 64-row ones.
   EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 4096}).stages, 3);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1}).stages, 2);
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .max_context = 4096}).kernel, core::kKernelWgmma);
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .max_context = 4096}).stages, 3);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).stages, 2);
   EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 1 << 16}).kernel, core::kKernelWgmmaWs);
   // The planned wgmma tile (choose_wgmma_tile; its rule is tested on the CPU).
