@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
 //              [--max-context TOKENS] [--peer LIB.so]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
@@ -76,7 +76,8 @@ constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::c
                                  {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
                                  {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3},
                                  {"wgmma-tile64", mla::core::kKernelWgmma, 2, 64},
-                                 {"wgmma-ws2", mla::core::kKernelWgmmaWs, 2}, {"wgmma-ws3", mla::core::kKernelWgmmaWs, 3}};
+                                 {"wgmma-ws2", mla::core::kKernelWgmmaWs, 2}, {"wgmma-ws3", mla::core::kKernelWgmmaWs, 3},
+                                 {"wgmma-pp2", mla::core::kKernelWgmmaPp, 2}, {"wgmma-pp3", mla::core::kKernelWgmmaPp, 3}};
 
 constexpr float kSoftmaxScale = 0.0721688f;  // 1/sqrt(192), k_scale 1: the logits of ours and the stock path
 
@@ -338,7 +339,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
-                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3 ...] [--small-batch] [--splits N ...] "
+                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
                    "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so]\n",
                    argv[i]);
       return 2;
@@ -399,7 +400,7 @@ int main(int argc, char** argv) {
           const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, peer.get(), l2_resident, max_context);
           std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
-                        r.kernel == mla::core::kKernelMmaSync ? "mma.sync" : r.kernel == mla::core::kKernelWgmma ? "wgmma" : "wgmma-ws", r.tile_rows, r.stages,
+                        mla::core::kernel_name(r.kernel), r.tile_rows, r.stages,
                         r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
           std::string row = line;
           if (with_stock) {

@@ -133,6 +133,25 @@ struct WgmmaWsSharedMemoryPlan {
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64");
 };
 
+// ---- Ping-pong wgmma kernel (kernel_wgmma_pp.cuh) -----------------------------------------------------
+// Two warpgroups over one (request, split, N-tile) taking the pages in turns: warpgroup k % 2 runs page k's
+// Q·K^T and softmax, both run its P·V for their 256 latent dims.
+template <int kTileN, int kStages>
+struct WgmmaPpSharedMemoryPlan {
+  alignas(1024) uint8_t kv[kStages][kPageBytes];                  // page ring, layout as WgmmaSharedMemoryPlan
+  alignas(1024) __half q[kKeyDim / kSw128Halves][kTileN][kSw128Halves];
+  alignas(1024) __half p[2][kTileN][kPageSize];                   // P^T of page k in buffer k % 2 (its owner's)
+  float alpha[2][kTileN];                                         // per-row rescale of that P^T's page
+  uint32_t raised[2];                                             // nonzero: the page raised a running max
+  float m_cur[kTileN];                                            // running max (base 2) after the last softmax
+  float red[2][4][kTileN];                                        // [warpgroup][warp][row]: page row max exchange
+  float sum_red[2][4][kTileN];                                    // [warpgroup][warp][row]: final softmax sums
+  float row_sum[kTileN];                                          // softmax sums of the tile's rows
+  alignas(8) uint64_t full[kStages];                              // page landed (256 thread arrivals)
+  uint64_t p_full[2];                                             // P^T written (its owner's 128 arrivals)
+  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64");
+};
+
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).
 inline constexpr int kMaxSplits = 1024;
 // Combine kernel: a group of warps_per_entry warps per (entry, 128-dim chunk) takes the request's nonempty

@@ -359,6 +359,28 @@ __device__ __forceinline__ void finish_row_sums(const CoreParams& p, const float
   }
 }
 
+// One warpgroup's share of a page copy into the ring's 64-byte-swizzle layout (16-byte cp.async by its 128
+// threads, wt = the thread within the warpgroup, then one arrival per thread on `full`): part 0 copies column
+// blocks 0-3 and 8 (20 chunks a row), part 1 blocks 4-7 (16 chunks), i.e. the blocks of the latent dims
+// [256·part, +256) that the part's P·V reads, part 0 also the rope block. Rows past the length are zero-filled.
+template <int kPart>
+__device__ __forceinline__ void copy_page_part_async(const CoreParams& p, const int32_t* pages, int page, int length,
+                                                     uint8_t* stage, uint64_t* full, int wt) {
+  constexpr int kRowChunks = kPart == 0 ? 20 : 16;
+  const int valid = static_cast<int>(min(int64_t{kPageSize}, length - int64_t{page} * kPageSize));
+  const uint8_t* src = p.cache + int64_t{pages[page]} * p.stride_cache_page;
+#pragma unroll
+  for (int i = 0; i < kPageSize * kRowChunks / 128; ++i) {
+    const int idx = wt + i * 128;
+    const int r = idx / kRowChunks;
+    const int local = idx % kRowChunks;
+    const int chunk = kPart == 0 ? (local < 16 ? local : local + 16) : 16 + local;
+    uint8_t* dst = stage + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes + (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
+    detail::cp_async_16(dst, src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
+  }
+  detail::cp_async_mbar_arrive(full);
+}
+
 }  // namespace wgmma_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.

@@ -102,27 +102,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) core_wgmma_ws_kernel(const __gr
 
   griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
 
-  // Value warpgroup v = wg - 1 copies its column blocks of page k (v = 0: blocks 0-3 and 8, 20 chunks a
-  // row; v = 1: blocks 4-7, 16 chunks) by 16-byte cp.async into the 64-byte-swizzle layout, then one
-  // arrival per thread on the stage's mbarrier. Rows past the length are zero-filled, never read.
+  // Value warpgroup v = wg - 1 copies its part of page k (copy_page_part_async: v = 0 column blocks 0-3 and 8,
+  // v = 1 blocks 4-7) into its ring slot.
   auto issue_own_blocks = [&](auto v_constant, int k) {
-    constexpr int kV = decltype(v_constant)::value;
-    constexpr int kRowChunks = kV == 0 ? 20 : 16;
     const int stage = k % kStages;
-    const int page = page_begin + k;
-    const int valid = static_cast<int>(min(int64_t{kPageSize}, length - int64_t{page} * kPageSize));
-    const uint8_t* src = p.cache + int64_t{pages[page]} * p.stride_cache_page;
-#pragma unroll
-    for (int i = 0; i < kPageSize * kRowChunks / 128; ++i) {
-      const int idx = wt + i * 128;
-      const int r = idx / kRowChunks;
-      const int local = idx % kRowChunks;
-      const int chunk = kV == 0 ? (local < 16 ? local : local + 16) : 16 + local;
-      uint8_t* dst =
-          smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes + (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
-      cp_async_16(dst, src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
-    }
-    cp_async_mbar_arrive(&smem.full[stage]);
+    copy_page_part_async<decltype(v_constant)::value>(p, pages, page_begin + k, length, smem.kv[stage],
+                                                      &smem.full[stage], wt);
   };
   if (wg == 1) {
     for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_blocks(std::integral_constant<int, 0>{}, k);

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/kernel.cuh"
 #include "core/kernel_wgmma.cuh"
+#include "core/kernel_wgmma_pp.cuh"
 #include "core/kernel_wgmma_ws.cuh"
 #include "core/params.h"
 
@@ -60,6 +61,23 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
       default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
     }
   }
+  if (kernel == kKernelWgmmaPp) {
+    switch (tile_rows) {
+      case 16:
+        if (stages == 2) return {core_wgmma_pp_kernel<16, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<16, 2>)};
+        return {core_wgmma_pp_kernel<16, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<16, 3>)};
+      case 32:
+        if (stages == 2) return {core_wgmma_pp_kernel<32, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<32, 2>)};
+        return {core_wgmma_pp_kernel<32, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<32, 3>)};
+      case 48:
+        if (stages == 2) return {core_wgmma_pp_kernel<48, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<48, 2>)};
+        return {core_wgmma_pp_kernel<48, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<48, 3>)};
+      case 64:
+        if (stages == 2) return {core_wgmma_pp_kernel<64, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<64, 2>)};
+        return {core_wgmma_pp_kernel<64, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<64, 3>)};
+      default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
+    }
+  }
   switch (tile_rows) {
     case 16:
       if (stages == 2) return {core_wgmma_kernel<16, 2, 2, kB>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
@@ -83,7 +101,7 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, bool balance
 }
 
 int threads_for(int kernel) {
-  return kernel == kKernelMmaSync ? kNumThreads : kernel == kKernelWgmma ? kWgThreads : kWsThreads;
+  return kernel == kKernelMmaSync ? kNumThreads : kernel == kKernelWgmmaWs ? kWsThreads : kWgThreads;
 }
 
 void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -256,8 +274,8 @@ CorePlan plan_core(const CoreShape& shape) {
                        std::to_string(shape.rows * shape.heads));
   }
 
-  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaWs) {
-    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-ws)",
+  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaPp) {
+    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma), 3 (wgmma-ws) or 4 (wgmma-pp)",
                        std::to_string(shape.kernel));
   }
 

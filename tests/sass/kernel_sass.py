@@ -28,6 +28,7 @@ RULES = [
     (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
     (r"core_wgmma_kernel", 2, "lengths and totals (kernel_wgmma.cuh)"),
     (r"core_wgmma_ws_kernel", 2, "lengths and totals (kernel_wgmma_ws.cuh)"),
+    (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
     (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
     (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
     (r"value_mma_kernel", 2, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)"),
@@ -46,6 +47,11 @@ LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_ws_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_wgmma_ws_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_wgmma_ws_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_wgmma_pp_kernel<64, 3, false>(mla::core::CoreParams)":
+        "the ping-pong kernel at 255 registers: 20-36 B of spill at 64 rows; not planned (core_bench variants, tests)",
+    "void mla::core::core_wgmma_pp_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_wgmma_pp_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
+    "void mla::core::core_wgmma_pp_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_combine_kernel<false>(mla::core::CombineParams)":
         "8 B of stack at ptxas' 64-register allocation: one value stored after the PDL wait and reloaded for the "
         "final store, outside the merge loop (unmeasured; a candidate for a fix)",
