@@ -105,10 +105,6 @@ struct WgmmaSharedMemoryPlan {
 // before on the tensor cores.
 inline constexpr int kWsThreads = 384;
 inline constexpr int kWsPBuffers = 2;
-// The planner takes this kernel for 32- and 48-row tiles only when a split holds at least this many pages:
-// in the whole-step sweep it lost 3-14 % with 2-8 pages a split, tied or lost 4 % with 16, won 3-6 % from 32
-// (bench/results/step.md, src/core/launch.cu).
-inline constexpr int kWsMinPagesPerSplit = 32;
 // setmaxnreg budgets (multiples of 8): the launch gives 168 a thread (65,536 / 384, rounded down to 8);
 // the score warpgroup releases what the value warpgroups take. No spill up to 48 rows. At 64 rows (not
 // planned) O^T alone is 128 registers a value thread and ptxas serializes the wgmma (C7512); 120 / 192

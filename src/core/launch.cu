@@ -180,9 +180,12 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     // bandwidth at 128x4k x16 with 4 stages) and 64-row tiles (equal or 2 % faster with 2); 3 for 48-row tiles
     // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
     // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
-    // 32-row tiles likewise (branch wgmma-32-stages3, not yet measured at short splits).
-    // Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal).
-    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.tile_rows == 32 || plan.tile_rows == 48;
+    // 32-row tiles likewise (H100, 2026-12-05 ~15:25 UTC: 6.5-7.8 % faster on own-context plans, 0-1.8 % with a
+    // 128k plan's short splits). Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal). Ping-pong:
+    // 3 at every tile (a page's slot is refilled after both warpgroups' P·V of it: with 2 stages the next
+    // page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
+    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.kernel == kKernelWgmmaPp ||
+                              plan.tile_rows == 32 || plan.tile_rows == 48;
     const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
@@ -280,20 +283,17 @@ CorePlan plan_core(const CoreShape& shape) {
   }
 
   // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
-  // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the
-  // warp-specialized wgmma kernel for 32- and 48-row N-tiles whose splits hold >= kWsMinPagesPerSplit
-  // pages, else the two-warpgroup one. Alone it is 6-10 % faster at 32/48 rows with long splits
-  // (128x4k x32 156.0 -> 141.3 µs, 128x4k x48 170.0 -> 157.5); in the whole step it won 3-6 % from 32 pages a
-  // split (64x32k x96 1296 -> 1215 µs) and lost 3-14 % with 2-8 (4x32k x12 q4, 4 pages: 43.5 -> 49.6): its first
-  // page is serial (one warpgroup's Q·K^T and softmax before any P·V). At 64-row tiles it is 14 % slower
-  // (183.4 vs 209.8 µs at 128x4k x64). bench/results/core.md, step.md.
+  // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the ping-pong
+  // wgmma kernel at 3 stages, which measured faster than the lockstep two-warpgroup kernel and the
+  // warp-specialized one at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~16:25 UTC,
+  // bench/results/core.md: 128x4k x64 183.5 -> 177.9 µs, x128 364.1 -> 336.1, 16x4k x96 59.3 -> 53.5, 16x64k
+  // x96 x4 2198.8 -> 1946.1, 128x4k x32 142.0 -> 139.1 against the ws kernel, 1x4k x96 in 63 splits 19.3 -> 17.6;
+  // 4x4k x64 in 2-page splits 25.3 -> 26.8). Its short splits have no serial first page (the ws kernel's
+  // weakness) and its long ones overlap one warpgroup's Q·K^T with the other's softmax (the lockstep one's).
   const int rows_m = shape.q * shape.heads;
   if (shape.kernel != 0) return plan_for_kernel(shape, shape.kernel);
   if (rows_m <= kBlockM) return plan_for_kernel(shape, kKernelMmaSync);
-  const CorePlan wgmma = plan_for_kernel(shape, kKernelWgmma);
-  const int64_t max_pages = (shape.max_context + kPageSize - 1) / kPageSize;
-  if (wgmma.tile_rows == 64 || max_pages < int64_t{kWsMinPagesPerSplit} * wgmma.num_splits) return wgmma;
-  return plan_for_kernel(shape, kKernelWgmmaWs);
+  return plan_for_kernel(shape, kKernelWgmmaPp);
 }
 
 void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl) {

@@ -369,24 +369,25 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
-  // The planned kernel: mma.sync up to 16 folded rows (H·q), then warp-specialized wgmma for 32- and
-  // 48-row N-tiles when splits hold kWsMinPagesPerSplit pages or more, else the two-warpgroup wgmma kernel.
+  // The planned kernel: mma.sync up to 16 folded rows (H·q), then the ping-pong wgmma kernel at 3 stages, long
+  // or short splits alike.
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1}).kernel, core::kKernelMmaSync);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 1}).kernel, core::kKernelMmaSync);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).kernel, core::kKernelWgmmaWs);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 2}).stages, 3);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 96, .q = 1}).kernel, core::kKernelWgmmaWs);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1}).kernel, core::kKernelWgmma);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1}).kernel, core::kKernelWgmma);
-  // ... unless its splits would be short (4 requests of 4k in 2-page splits): the two-warpgroup kernel.
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 4096}).kernel, core::kKernelWgmma);
-  // Its stages: 3 for 32- and 48-row tiles (H·q = 48 here), 2 for 16- and 64-row ones.
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 4096}).stages, 3);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1}).stages, 2);
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .max_context = 4096}).kernel, core::kKernelWgmma);
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .max_context = 4096}).stages, 3);
+  for (const core::CoreShape& shape : {core::CoreShape{.rows = 8, .heads = 12, .q = 2},
+                                       core::CoreShape{.rows = 8, .heads = 96, .q = 1},
+                                       core::CoreShape{.rows = 8, .heads = 64, .q = 1},
+                                       core::CoreShape{.rows = 8, .heads = 128, .q = 1},
+                                       core::CoreShape{.rows = 16, .heads = 12, .q = 4, .max_context = 4096},
+                                       core::CoreShape{.rows = 16, .heads = 12, .q = 4, .max_context = 1 << 16}}) {
+    const core::CorePlan plan = core::plan_core(shape);
+    EXPECT_EQ(plan.kernel, core::kKernelWgmmaPp) << shape.heads << " heads x q " << shape.q;
+    EXPECT_EQ(plan.stages, 3) << shape.heads << " heads x q " << shape.q;
+  }
+  // The lockstep wgmma kernel, forced: 3 stages for 32- and 48-row tiles, 2 for 16- and 64-row ones.
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .kernel = core::kKernelWgmma}).stages, 3);
+  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .kernel = core::kKernelWgmma}).stages, 3);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1, .kernel = core::kKernelWgmma}).stages, 2);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).stages, 2);
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .max_context = 1 << 16}).kernel, core::kKernelWgmmaWs);
   // The planned wgmma tile (choose_wgmma_tile; its rule is tested on the CPU).
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
