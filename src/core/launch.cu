@@ -285,7 +285,7 @@ CorePlan plan_core(const CoreShape& shape) {
   // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
   // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the ping-pong
   // wgmma kernel at 3 stages, which measured faster than the lockstep two-warpgroup kernel and the
-  // warp-specialized one at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~16:25 UTC,
+  // warp-specialized one at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~15:33 UTC,
   // bench/results/core.md: 128x4k x64 183.5 -> 177.9 µs, x128 364.1 -> 336.1, 16x4k x96 59.3 -> 53.5, 16x64k
   // x96 x4 2198.8 -> 1946.1, 128x4k x32 142.0 -> 139.1 against the ws kernel, 1x4k x96 in 63 splits 19.3 -> 17.6;
   // 4x4k x64 in 2-page splits 25.3 -> 26.8). Its short splits have no serial first page (the ws kernel's
