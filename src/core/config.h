@@ -97,7 +97,7 @@ struct WgmmaSharedMemoryPlan {
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64 (m64nNk16 with N/2 a multiple of 8)");
 };
 
-// ---- Warp-specialized wgmma kernel (kernel_wgmma_ws.cuh) --------------------------------------------
+// ---- Warp-specialized wgmma kernel (kernel_wgmma_ws.cuh; a core_bench variant, not planned) --------------
 // Three warpgroups over one (request, split, N-tile): the score warpgroup (0) runs S^T = K·Q^T over the
 // whole 576-long reduction and the softmax of every tile row, and hands P^T over through a ring of
 // kWsPBuffers shared tiles; value warpgroups 1 and 2 run O^T += V^T·P^T for latent dims
