@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     const int stage = k % kStages;
     const int buf = wg;  // == k % 2
     mbar_wait(&smem.full[stage], (k / kStages) & 1);
-    // 1. S^T = K·Q^T over all 36 k16 steps: one commit group per 32-byte half block, at most two in flight.
+    // 1. S^T = K·Q^T over all 36 k16 steps: one commit group per two 32-byte half blocks (four k16 steps), at most
+    // two groups in flight.
     float s[kTileN / 2];  // rows 16wi + g (+ 8) = tokens, columns 8j + 2c (+ 1) = tile rows
 #pragma unroll
     for (int e = 0; e < kTileN / 2; ++e) {
@@ -180,8 +181,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
       // NOTE: opaque per page, or the compiler hoists the 64-bit descriptors out of the loop (registers).
       const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
 #pragma unroll
-      for (int hb = 0; hb < 2 * kKeyBlocks; ++hb) {
+      for (int hb = 0; hb < 2 * kKeyBlocks; hb += 2) {
         issue_qk_half_block<kTileN>(s, smem.kv[stage], k_off, desc_q, hb);
+        issue_qk_half_block<kTileN>(s, smem.kv[stage], k_off, desc_q, hb + 1);
         wgmma_commit();
         wgmma_wait<1>();
       }
