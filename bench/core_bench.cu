@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3|wgmma-pp2|wgmma-pp3 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
 //              [--max-context TOKENS] [--peer LIB.so]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
@@ -76,7 +76,6 @@ constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::c
                                  {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
                                  {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3},
                                  {"wgmma-tile64", mla::core::kKernelWgmma, 2, 64},
-                                 {"wgmma-ws2", mla::core::kKernelWgmmaWs, 2}, {"wgmma-ws3", mla::core::kKernelWgmmaWs, 3},
                                  {"wgmma-pp2", mla::core::kKernelWgmmaPp, 2}, {"wgmma-pp3", mla::core::kKernelWgmmaPp, 3}};
 
 constexpr float kSoftmaxScale = 0.0721688f;  // 1/sqrt(192), k_scale 1: the logits of ours and the stock path
@@ -339,7 +338,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
-                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-ws2|wgmma-ws3|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
+                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
                    "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so]\n",
                    argv[i]);
       return 2;

@@ -97,38 +97,6 @@ struct WgmmaSharedMemoryPlan {
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64 (m64nNk16 with N/2 a multiple of 8)");
 };
 
-// ---- Warp-specialized wgmma kernel (kernel_wgmma_ws.cuh; a core_bench variant, not planned) --------------
-// Three warpgroups over one (request, split, N-tile): the score warpgroup (0) runs S^T = K·Q^T over the
-// whole 576-long reduction and the softmax of every tile row, and hands P^T over through a ring of
-// kWsPBuffers shared tiles; value warpgroups 1 and 2 run O^T += V^T·P^T for latent dims
-// [256(w - 1), +256) and refill the page ring, so the softmax of one page overlaps the P·V of the one
-// before on the tensor cores.
-inline constexpr int kWsThreads = 384;
-inline constexpr int kWsPBuffers = 2;
-// setmaxnreg budgets (multiples of 8): the launch gives 168 a thread (65,536 / 384, rounded down to 8);
-// the score warpgroup releases what the value warpgroups take. No spill up to 48 rows. At 64 rows (not
-// planned) O^T alone is 128 registers a value thread and ptxas serializes the wgmma (C7512); 120 / 192
-// removes that but measured no faster (215 vs 210 µs at 128x4k x64), and keeping the running max in
-// shared memory to free the score registers cost 7-11 % at 32 and 48 rows (src/core/README.md).
-inline constexpr int kWsScoreRegisters = 136;
-inline constexpr int kWsValueRegisters = 184;
-static_assert(kWsScoreRegisters + 2 * kWsValueRegisters <= 3 * 168, "setmaxnreg: .inc takes only what .dec released");
-template <int kTileN, int kStages>
-struct WgmmaWsSharedMemoryPlan {
-  alignas(1024) uint8_t kv[kStages][kPageBytes];                  // page ring, layout as WgmmaSharedMemoryPlan
-  alignas(1024) __half q[kKeyDim / kSw128Halves][kTileN][kSw128Halves];
-  alignas(1024) __half p[kWsPBuffers][kTileN][kPageSize];        // P^T ring (score -> value warpgroups)
-  float alpha[kWsPBuffers][kTileN];                               // per-row rescale of that P^T's page
-  uint32_t raised[kWsPBuffers];                                   // nonzero: the page raised a running max
-  float red[4][kTileN];                                           // [warp][row]: page row max exchange
-  float sum_red[4][kTileN];                                       // [warp][row]: final softmax sums
-  float row_sum[kTileN];                                          // softmax sums for the value warpgroups
-  alignas(8) uint64_t full[kStages];                              // page landed (256 value-thread arrivals)
-  uint64_t p_full[kWsPBuffers];                                   // P^T written (128 score-thread arrivals)
-  uint64_t p_empty[kWsPBuffers];                                  // P^T read (256 value-thread arrivals)
-  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64");
-};
-
 // ---- Ping-pong wgmma kernel (kernel_wgmma_pp.cuh) -----------------------------------------------------
 // Two warpgroups over one (request, split, N-tile) taking the pages in turns: warpgroup k % 2 runs page k's
 // Q·K^T and softmax, both run its P·V for their 256 latent dims.

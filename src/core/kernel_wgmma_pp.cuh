@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
 #pragma unroll
     for (int kk = 0; kk < kPageSize / 16; ++kk) {
       issue_pv_step<kTileN>(o, smem.kv[stage], v_off, p_addr, kk);
-      // NOTE: one group per k16 step, at most two in flight (as the warp-specialized kernel's value loop).
+      // NOTE: one group per k16 step, at most two in flight: the A registers of a group stay live until it
+      // completes, and four steps' worth (64) beside O^T (128 at 64 rows) make ptxas serialize every wgmma.
       wgmma_commit();
       wgmma_wait<1>();
     }

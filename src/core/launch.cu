@@ -11,7 +11,6 @@
 #include "core/kernel.cuh"
 #include "core/kernel_wgmma.cuh"
 #include "core/kernel_wgmma_pp.cuh"
-#include "core/kernel_wgmma_ws.cuh"
 #include "core/params.h"
 
 namespace mla::core {
@@ -29,7 +28,7 @@ struct SplitKernel {
 // Bounded dispatch on (variant, tile, ring depth), kB = balanced slots: a value outside the table is an error,
 // never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
 // wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
-// else one CTA per SM. Warp-specialized wgmma: one CTA of 384 threads per SM.
+// else one CTA per SM. Ping-pong wgmma: one CTA per SM.
 template <bool kB>
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (kernel == kKernelMmaSync) {
@@ -43,23 +42,6 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   // NOTE: 3, not 4: with the f16 query tile (72 KB at 64 rows) a 4-page ring no longer fits 64-row tiles.
   if (stages != 2 && stages != 3) {
     throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma (0 = default)", std::to_string(stages));
-  }
-  if (kernel == kKernelWgmmaWs) {
-    switch (tile_rows) {
-      case 16:
-        if (stages == 2) return {core_wgmma_ws_kernel<16, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<16, 2>)};
-        return {core_wgmma_ws_kernel<16, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<16, 3>)};
-      case 32:
-        if (stages == 2) return {core_wgmma_ws_kernel<32, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<32, 2>)};
-        return {core_wgmma_ws_kernel<32, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<32, 3>)};
-      case 48:
-        if (stages == 2) return {core_wgmma_ws_kernel<48, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<48, 2>)};
-        return {core_wgmma_ws_kernel<48, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<48, 3>)};
-      case 64:
-        if (stages == 2) return {core_wgmma_ws_kernel<64, 2, kB>, sizeof(WgmmaWsSharedMemoryPlan<64, 2>)};
-        return {core_wgmma_ws_kernel<64, 3, kB>, sizeof(WgmmaWsSharedMemoryPlan<64, 3>)};
-      default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
-    }
   }
   if (kernel == kKernelWgmmaPp) {
     switch (tile_rows) {
@@ -101,7 +83,7 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, bool balance
 }
 
 int threads_for(int kernel) {
-  return kernel == kKernelMmaSync ? kNumThreads : kernel == kKernelWgmmaWs ? kWsThreads : kWgThreads;
+  return kernel == kKernelMmaSync ? kNumThreads : kWgThreads;
 }
 
 void launch_with_pdl(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -181,11 +163,10 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
     // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
     // 32-row tiles likewise (H100, 2026-12-05 ~15:25 UTC: 6.5-7.8 % faster on own-context plans, 0-1.8 % with a
-    // 128k plan's short splits). Warp-specialized: 3 (32 rows: 2.6 % faster than 2; 48 rows: equal). Ping-pong:
+    // 128k plan's short splits). Ping-pong:
     // 3 at every tile (a page's slot is refilled after both warpgroups' P·V of it: with 2 stages the next
     // page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
-    const bool three_stages = plan.kernel == kKernelWgmmaWs || plan.kernel == kKernelWgmmaPp ||
-                              plan.tile_rows == 32 || plan.tile_rows == 48;
+    const bool three_stages = plan.kernel == kKernelWgmmaPp || plan.tile_rows == 32 || plan.tile_rows == 48;
     const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
@@ -278,14 +259,14 @@ CorePlan plan_core(const CoreShape& shape) {
   }
 
   if (shape.kernel < 0 || shape.kernel > kKernelWgmmaPp) {
-    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma), 3 (wgmma-ws) or 4 (wgmma-pp)",
+    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-pp)",
                        std::to_string(shape.kernel));
   }
 
   // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
   // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the ping-pong
   // wgmma kernel at 3 stages, which measured faster than the lockstep two-warpgroup kernel and the
-  // warp-specialized one at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~15:33 UTC,
+  // warp-specialized one (since removed) at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~15:33 UTC,
   // bench/results/core.md: 128x4k x64 183.5 -> 177.9 µs, x128 364.1 -> 336.1, 16x4k x96 59.3 -> 53.5, 16x64k
   // x96 x4 2198.8 -> 1946.1, 128x4k x32 142.0 -> 139.1 against the ws kernel, 1x4k x96 in 63 splits 19.3 -> 17.6;
   // 4x4k x64 in 2-page splits 25.3 -> 26.8). Its short splits have no serial first page (the ws kernel's

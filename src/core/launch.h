@@ -22,7 +22,7 @@ struct CoreShape {
   int q = 1;                               // rows per request, 1..8
   int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
-  int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync, kKernelWgmma, kKernelWgmmaWs, kKernelWgmmaPp
+  int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync, kKernelWgmma, kKernelWgmmaPp
   int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma (-ws) 2 or 3; 0 = default
   int tile_rows = 0;                       // wgmma N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
 };
@@ -36,15 +36,13 @@ inline constexpr int kMinBalancedSplits = 4;
 // Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
 inline constexpr int kKernelMmaSync = 1;  // version 1: mma.sync, 16-row M tiles (kernel.cuh)
 inline constexpr int kKernelWgmma = 2;    // wgmma, tokens on M, 16/32/48/64-row N tiles (kernel_wgmma.cuh)
-inline constexpr int kKernelWgmmaWs = 3;  // wgmma, warp-specialized: score and value warpgroups (kernel_wgmma_ws.cuh)
-inline constexpr int kKernelWgmmaPp = 4;  // wgmma, ping-pong: two warpgroups taking pages in turns (kernel_wgmma_pp.cuh)
+inline constexpr int kKernelWgmmaPp = 3;  // wgmma, ping-pong: two warpgroups taking pages in turns (kernel_wgmma_pp.cuh)
 
 // The variant's name in tables and test traces.
 inline const char* kernel_name(int kernel) {
   switch (kernel) {
     case kKernelMmaSync: return "mma.sync";
     case kKernelWgmma: return "wgmma";
-    case kKernelWgmmaWs: return "wgmma-ws";
     case kKernelWgmmaPp: return "wgmma-pp";
     default: return "planned";
   }

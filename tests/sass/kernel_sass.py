@@ -27,7 +27,6 @@ import sys
 RULES = [
     (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
     (r"core_wgmma_kernel", 2, "lengths and totals (kernel_wgmma.cuh)"),
-    (r"core_wgmma_ws_kernel", 2, "lengths and totals (kernel_wgmma_ws.cuh)"),
     (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
     (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
     (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
@@ -42,11 +41,6 @@ LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_kernel<64, 2, 1, true>(mla::core::CoreParams)":
         "the balanced 64-row tile at 255 registers: two values of the slot lookup on the stack, one reload a page "
         "(an L1 hit; unmeasured)",
-    "void mla::core::core_wgmma_ws_kernel<64, 3, false>(mla::core::CoreParams)":
-        "the ws kernel is planned for 32/48-row tiles only; 64 rows exist for core_bench variants",
-    "void mla::core::core_wgmma_ws_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
-    "void mla::core::core_wgmma_ws_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
-    "void mla::core::core_wgmma_ws_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_wgmma_pp_kernel<64, 3, false>(mla::core::CoreParams)":
         "the ping-pong kernel at 255 registers: 20-36 B of spill at 64 rows; not planned (core_bench variants, tests)",
     "void mla::core::core_wgmma_pp_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",

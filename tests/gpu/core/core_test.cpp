@@ -148,8 +148,8 @@ TEST_P(CoreTest, MatchesReference) {
   base_shape.num_splits = spec.num_splits;
 
   // Every split-kernel variant that can run this shape: the mma.sync version, the wgmma one at the
-  // planned tile with 2 and 3 stages, the warp-specialized and ping-pong ones likewise, and each other
-  // N-tile forced for the three wgmma kernels (padding rows of a large tile; several small tiles per request).
+  // planned tile with 2 and 3 stages, the ping-pong one likewise, and each other
+  // N-tile forced for both wgmma kernels (padding rows of a large tile; several small tiles per request).
   std::vector<core::CoreShape> variants;
   {
     core::CoreShape v = base_shape;
@@ -161,7 +161,7 @@ TEST_P(CoreTest, MatchesReference) {
     variants.push_back(v);
     v.stages = 0;
     const int planned_tile = core::plan_core(v).tile_rows;
-    for (int kernel : {core::kKernelWgmma, core::kKernelWgmmaWs, core::kKernelWgmmaPp}) {
+    for (int kernel : {core::kKernelWgmma, core::kKernelWgmmaPp}) {
       v.kernel = kernel;
       for (int tile : {16, 32, 48, 64}) {
         if (tile == planned_tile) continue;
@@ -170,12 +170,10 @@ TEST_P(CoreTest, MatchesReference) {
       }
     }
     v.tile_rows = 0;
-    for (int kernel : {core::kKernelWgmmaWs, core::kKernelWgmmaPp}) {
-      v.kernel = kernel;
-      for (int stages : {2, 3}) {
-        v.stages = stages;
-        variants.push_back(v);
-      }
+    v.kernel = core::kKernelWgmmaPp;
+    for (int stages : {2, 3}) {
+      v.stages = stages;
+      variants.push_back(v);
     }
   }
   for (const core::CoreShape& shape : variants) {
@@ -362,9 +360,8 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_GE(int64_t{big.num_splits} * big.m_tiles * 128, big.num_sms);
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 5}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 524280, .heads = 4097, .q = 8}), Error);  // rows * heads >= 2^31
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaWs, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaPp, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
