@@ -278,6 +278,29 @@ __device__ __forceinline__ void mask_page_logits(float (&x)[4 * kGroups], const 
     }
 }
 
+// The first half of a warpgroup's page row max exchange: each thread's max of its two tokens' logits (x[4j + e],
+// x[4j + 2 + e]) of rows 8j + 2c + e, over the 8 lanes g of its quad column, into red[warp wi][row] (lanes g = 0).
+// The caller synchronizes the warpgroup, then reads each row's max with page_row_max.
+template <int kGroups>
+__device__ __forceinline__ void publish_page_row_max(const float (&x)[4 * kGroups], float (*red)[kGroups * 8], int wi,
+                                                     int g, int c) {
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = fmaxf(x[4 * j + e], x[4 * j + 2 + e]);
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      if (g == 0) red[wi][8 * j + 2 * c + e] = mx;
+    }
+}
+
+// Row n's page max over the warpgroup's 4 warps (after publish_page_row_max and the warpgroup's barrier).
+template <int kRows>
+__device__ __forceinline__ float page_row_max(const float (*red)[kRows], int n) {
+  return fmaxf(fmaxf(red[0][n], red[1][n]), fmaxf(red[2][n], red[3][n]));
+}
+
 // fence_operand on every O^T register: pins their accesses against the wgmma fences and waits around them.
 template <int kTileN>
 __device__ __forceinline__ void fence_accumulators(float (&o)[4][kTileN / 2]) {
@@ -575,24 +598,14 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
     const bool raised = __syncthreads_or(raise);
     if (raised) {
       // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
-#pragma unroll
-      for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float mx = fmaxf(x[4 * j + e], x[4 * j + 2 + e]);
-#pragma unroll
-          for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-          if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = mx;
-        }
+      publish_page_row_max<kGroupsS>(x, smem.red[wg], wi, g, c);
       named_barrier_sync(1 + wg, 128);
 #pragma unroll
       for (int j = 0; j < kGroupsS; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int nl = 8 * j + 2 * c + e;  // row within the warpgroup
-          const float page_max = fmaxf(fmaxf(smem.red[wg][0][nl], smem.red[wg][1][nl]),
-                                       fmaxf(smem.red[wg][2][nl], smem.red[wg][3][nl]));
-          const float m_new = fmaxf(m_run[j][e], page_max);
+          const float m_new = fmaxf(m_run[j][e], page_row_max(smem.red[wg], nl));
           const float m_use = m_new == -INFINITY ? 0.0f : m_new;
           const float alpha = ex2_ftz(m_run[j][e] - m_use);
           m_run[j][e] = m_new;

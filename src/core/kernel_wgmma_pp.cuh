@@ -241,24 +241,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
         }
     } else {
       // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
-#pragma unroll
-      for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float mx = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-#pragma unroll
-          for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-          if (g == 0) smem.red[wg][wi][8 * j + 2 * c + e] = mx;
-        }
+      publish_page_row_max<kGroups>(s, smem.red[wg], wi, g, c);
       named_barrier_sync(row_barrier(wg), 128);
 #pragma unroll
       for (int j = 0; j < kGroups; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int n = 8 * j + 2 * c + e;
-          const float page_max = fmaxf(fmaxf(smem.red[wg][0][n], smem.red[wg][1][n]),
-                                       fmaxf(smem.red[wg][2][n], smem.red[wg][3][n]));
-          const float m_new = fmaxf(m_old[j][e], page_max);
+          const float m_new = fmaxf(m_old[j][e], page_row_max(smem.red[wg], n));
           const float m_use = m_new == -INFINITY ? 0.0f : m_new;
           const float alpha = ex2_ftz(m_old[j][e] - m_use);
           const float pa = ex2_ftz(s[4 * j + e] - m_use);
