@@ -42,7 +42,8 @@ LOCAL_MEMORY_ALLOWED = {
         "the balanced 64-row tile at 255 registers: two values of the slot lookup on the stack, one reload a page "
         "(an L1 hit; unmeasured)",
     "void mla::core::core_wgmma_pp_kernel<64, 3, false>(mla::core::CoreParams)":
-        "the ping-pong kernel at 255 registers: 20-36 B of spill at 64 rows; not planned (core_bench variants, tests)",
+        "the planned 64-row ping-pong tile at 255 registers: 16-40 B of stack (spill outside the MMA chains; its "
+        "cost unmeasured, src/core/README.md)",
     "void mla::core::core_wgmma_pp_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_wgmma_pp_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
     "void mla::core::core_wgmma_pp_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
