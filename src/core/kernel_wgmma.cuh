@@ -337,6 +337,35 @@ __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4
     }
 }
 
+// The first half of a warpgroup's final softmax sums: this thread's share (l_run, rows 8j + 2c + e) summed over the
+// lanes g of its quad column into red[warp wi][row] (lanes g = 0). The caller synchronizes, then adds the warps.
+template <int kGroups>
+__device__ __forceinline__ void publish_row_sums(const float (&l_run)[kGroups][2], float (*red)[kGroups * 8], int wi,
+                                                 int g, int c) {
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[j][e];
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (g == 0) red[wi][8 * j + 2 * c + e] = l;
+    }
+}
+
+// Row `row` of the request's tile rows: its LSE (natural log) from the running max m (base 2) and the softmax sum;
+// a sum of 0 (nothing visible) gives -inf, never NaN. Written to the latent's LSE (one split) or the split's partial.
+__device__ __forceinline__ void store_row_lse(const CoreParams& p, bool direct, int64_t entry0, int64_t partial_row0,
+                                              int row, float m, float sum) {
+  constexpr float kLn2 = 0.69314718055994531f;
+  const float lse = sum > 0.0f ? (m + log2f(sum)) * kLn2 : -INFINITY;
+  if (direct) {
+    p.lse[entry0 + row] = lse;
+  } else {
+    p.partial_lse[partial_row0 + row] = lse;
+  }
+}
+
 // The end of a warpgroup's softmax over tokens (M): each of its kGroups·8 rows' running sum (l_run: this thread's
 // share, rows 8j + 2c + e) summed over the lanes g, then over the 4 warps through `red` ([warp][row], after the
 // named barrier `barrier`); warp 0's lanes g = 0 write the sums to `row_sum` and each row's LSE (natural log; a sum of
@@ -348,16 +377,7 @@ __device__ __forceinline__ void finish_row_sums(const CoreParams& p, const float
                                                 const float (&m_run)[kGroups][2], float (*red)[kGroups * 8],
                                                 float* row_sum, uint32_t barrier, int wi, int g, int c, int first_row,
                                                 int tile_row0, int rows_m, int64_t entry0, int64_t partial_row0) {
-  constexpr float kLn2 = 0.69314718055994531f;
-#pragma unroll
-  for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float l = l_run[j][e];
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (g == 0) red[wi][8 * j + 2 * c + e] = l;
-    }
+  publish_row_sums<kGroups>(l_run, red, wi, g, c);
   named_barrier_sync(barrier, 128);
   const bool direct = p.num_splits == 1;
   if (wi == 0 && g == 0) {
@@ -370,14 +390,7 @@ __device__ __forceinline__ void finish_row_sums(const CoreParams& p, const float
         const float sum = red[0][nl] + red[1][nl] + red[2][nl] + red[3][nl];
         row_sum[n] = sum;
         const int row = tile_row0 + n;
-        if (row < rows_m) {
-          const float lse = sum > 0.0f ? (m_run[j][e] + log2f(sum)) * kLn2 : -INFINITY;
-          if (direct) {
-            p.lse[entry0 + row] = lse;
-          } else {
-            p.partial_lse[partial_row0 + row] = lse;
-          }
-        }
+        if (row < rows_m) store_row_lse(p, direct, entry0, partial_row0, row, m_run[j][e], sum);
       }
   }
 }

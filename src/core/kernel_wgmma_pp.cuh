@@ -272,19 +272,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   if (my_pages >= 1 && (my_pages - 1) % 2 != wg) pv_page(my_pages - 1);
 
   // ---- Phase 4: the softmax sums (lanes g, the 4 warps, both warpgroups) and the LSE --------------------
-#pragma unroll
-  for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float l = l_run[j][e];
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (g == 0) smem.sum_red[wg][wi][8 * j + 2 * c + e] = l;
-    }
+  publish_row_sums<kGroups>(l_run, smem.sum_red[wg], wi, g, c);
   __syncthreads();  // (E1) both warpgroups' sums and the final running max are in shared memory
   const bool direct = p.num_splits == 1;
   if (threadIdx.x < kTileN) {
-    constexpr float kLn2 = 0.69314718055994531f;
     const int n = threadIdx.x;
     float sum = 0.0f;
 #pragma unroll
@@ -293,14 +284,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
       for (int i = 0; i < 4; ++i) sum += smem.sum_red[w][i][n];
     smem.row_sum[n] = sum;
     const int row = tile_row0 + n;
-    if (row < rows_m) {
-      const float lse = sum > 0.0f ? (smem.m_cur[n] + log2f(sum)) * kLn2 : -INFINITY;
-      if (direct) {
-        p.lse[entry0 + row] = lse;
-      } else {
-        p.partial_lse[partial_row0 + row] = lse;
-      }
-    }
+    if (row < rows_m) store_row_lse(p, direct, entry0, partial_row0, row, smem.m_cur[n], sum);
   }
   __syncthreads();  // (E2) the row sums are in shared memory
 
