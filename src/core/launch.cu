@@ -163,9 +163,8 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
     // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
     // 32-row tiles likewise (H100, 2026-12-05 ~15:25 UTC: 6.5-7.8 % faster on own-context plans, 0-1.8 % with a
-    // 128k plan's short splits). Ping-pong:
-    // 3 at every tile (a page's slot is refilled after both warpgroups' P·V of it: with 2 stages the next
-    // page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
+    // 128k plan's short splits). Ping-pong: 3 at every tile (a page's slot is refilled after both warpgroups'
+    // P·V of it: with 2 stages the next page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
     const bool three_stages = plan.kernel == kKernelWgmmaPp || plan.tile_rows == 32 || plan.tile_rows == 48;
     const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;

@@ -23,7 +23,7 @@ struct CoreShape {
   int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
   int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync, kKernelWgmma, kKernelWgmmaPp
-  int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma (-ws) 2 or 3; 0 = default
+  int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma (-pp) 2 or 3; 0 = default
   int tile_rows = 0;                       // wgmma N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
 };
 
@@ -44,7 +44,7 @@ inline const char* kernel_name(int kernel) {
     case kKernelMmaSync: return "mma.sync";
     case kKernelWgmma: return "wgmma";
     case kKernelWgmmaPp: return "wgmma-pp";
-    default: return "planned";
+    default: return "unknown";
   }
 }
 
