@@ -15,7 +15,8 @@
 // last line the shapes where plan_value's pick is > 5 % slower than it (what config.h's plan constants
 // are set from).
 //
-//   value_bench [--out FILE]     the markdown table on stdout (and into FILE)
+//   value_bench [--out FILE]            the markdown table on stdout (and into FILE)
+//   value_bench --heads H --rows ROWS   one shape (e.g. under ncu)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <cstdlib>
 #include <vector>
 
 #include "bench_device.cuh"
@@ -206,11 +208,17 @@ double time_stock(const Problem& p, bool fp32_v, cublasHandle_t cublas, cudaStre
 int main(int argc, char** argv) {
   using namespace mla;
   const char* out_path = nullptr;
+  std::vector<int> head_counts = {12, 96, 128};
+  std::vector<int> row_counts = {1, 4, 16, 32, 64, 128, 256, 512};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
+      head_counts = {std::atoi(argv[++i])};
+    } else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) {
+      row_counts = {std::atoi(argv[++i])};
     } else {
-      std::fprintf(stderr, "usage: value_bench [--out FILE]\n");
+      std::fprintf(stderr, "usage: value_bench [--out FILE] [--heads H] [--rows ROWS]\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -245,8 +253,6 @@ int main(int argc, char** argv) {
 
     constexpr value::ValueKernel kKernels[] = {value::ValueKernel::kCudaCore, value::ValueKernel::kTensorCore,
                                                value::ValueKernel::kTensorCoreSplit};
-    const std::vector<int> head_counts = {12, 96, 128};
-    const std::vector<int> row_counts = {1, 4, 16, 32, 64, 128, 256, 512};
     int misplanned = 0;  // shapes where the planned kernel is > 5 % slower than the fastest one
     std::string misplanned_shapes;
     for (int heads : head_counts) {
