@@ -25,9 +25,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "bench_device.cuh"
