@@ -414,6 +414,12 @@ __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& 
   return ((j / p.dcp_interleave) * p.dcp_size + p.dcp_rank) * p.dcp_interleave + j % p.dcp_interleave;
 }
 
+// The last global position the folded row `row` (q row row / num_heads of its request) may see: bottom-right
+// causal, the request's q rows ending at `total`.
+__device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t total, int row) {
+  return total - p.q + row / p.num_heads;
+}
+
 }  // namespace detail
 
 // kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kBalancedSlots: the CTA slots dealt by pages
@@ -441,9 +447,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
   if (writes_nothing) return;
   // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
-  const int64_t bound0 = total - p.q + min(row0, rows_m - 1) / p.num_heads;
-  const int64_t bound1 = total - p.q + min(row1, rows_m - 1) / p.num_heads;
-  const int64_t bound_min = total - p.q + (m_tile * kBlockM) / p.num_heads;
+  const int64_t bound0 = causal_bound(p, total, min(row0, rows_m - 1));
+  const int64_t bound1 = causal_bound(p, total, min(row1, rows_m - 1));
+  const int64_t bound_min = causal_bound(p, total, m_tile * kBlockM);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row

@@ -272,7 +272,7 @@ __device__ __forceinline__ void mask_page_logits(float (&x)[4 * kGroups], const 
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int mi = min(first_row + 8 * j + 2 * c + e, rows_m - 1);
-      const int64_t bound = total - p.q + mi / p.num_heads;
+      const int64_t bound = detail::causal_bound(p, total, mi);
       if (ga > bound) x[4 * j + e] = -INFINITY;
       if (gb > bound) x[4 * j + 2 + e] = -INFINITY;
     }
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
   const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
       cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
   if (writes_nothing) return;
-  const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
+  const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
       cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
   if (writes_nothing) return;
-  const int64_t bound_min = total - p.q + tile_row0 / p.num_heads;  // the tile's smallest causal bound
+  const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
