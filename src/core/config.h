@@ -116,6 +116,13 @@ struct WgmmaPpSharedMemoryPlan {
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64");
 };
 
+// How the split kernel's CTA slots are dealt (CorePlan): num_splits each (uniform), by pages with one slot a
+// request at least (balanced, split_rule.h first_slot), or the batch's pages flattened over the CTAs across request
+// boundaries (flat, split_rule.h flat_cta_range; the ping-pong kernel only). The combine takes the same mode.
+inline constexpr int kSlotsUniform = 0;
+inline constexpr int kSlotsBalanced = 1;
+inline constexpr int kSlotsFlat = 2;
+
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).
 inline constexpr int kMaxSplits = 1024;
 // Combine kernel: a group of warps_per_entry warps per (entry, 128-dim chunk) takes the request's nonempty

@@ -362,6 +362,114 @@ __device__ __forceinline__ CtaSplit cta_split(const CoreParams& p, int rows_m) {
   return s;
 }
 
+// ---- Flat slots (split_rule.h, flat_cta_range; the ping-pong kernel with more than one request) -------------
+// A warp's scan of the batch's pages: lane l sums a run of ceil(grid_requests / 32) requests. Every lane calls it.
+struct PageScan {
+  int first_request = 0;  // the lane's run [first_request, first_request + count)
+  int count = 0;
+  int before = 0;         // flattened pages before the run
+  int total = 0;          // the batch's pages (every lane)
+};
+__device__ __forceinline__ PageScan warp_page_scan(const int32_t* lengths, int num_requests, int grid_requests) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int per_lane = (grid_requests + 31) / 32;
+  PageScan s;
+  s.first_request = lane * per_lane;
+  s.count = max(0, min(per_lane, grid_requests - s.first_request));
+  int mine = 0;
+  for (int i = 0; i < s.count; ++i) mine += request_pages(lengths, num_requests, s.first_request + i);
+  const int inclusive = warp_inclusive_sum(mine);
+  s.total = __shfl_sync(0xffffffffu, inclusive, 31);
+  s.before = inclusive - mine;
+  return s;
+}
+
+// A flat-slot CTA's walk over its segments (one per request its pages touch). Host-written data only.
+struct FlatCursor {
+  int cta = 0;
+  FlatRange range;        // the CTA's flattened pages
+  int request = 0;        // the request holding flattened page `next`
+  int request_begin = 0;  // that request's first flattened page
+  int next = 0;           // the CTA's next page (flattened)
+};
+// CTA `cta`'s range and the request of its first page (found by the lane whose run holds it). Every lane of the
+// warp calls it; each warp of the CTA runs its own (no shared memory, no barrier before the first copy).
+__device__ __forceinline__ FlatCursor flat_cursor(const CoreParams& p, int cta) {
+  const PageScan scan = warp_page_scan(p.lengths, p.num_requests, p.grid_requests);
+  FlatCursor cur;
+  cur.cta = cta;
+  cur.range = flat_cta_range(cta, scan.total, flat_pages_per_cta(scan.total, p.num_splits * p.grid_requests));
+  cur.next = cur.range.begin;
+  const int page = cur.range.begin;
+  int request = scan.first_request, begin = scan.before;
+  bool found = false;
+  if (page < cur.range.end) {
+    for (int i = 0; i < scan.count; ++i) {
+      const int pages = request_pages(p.lengths, p.num_requests, scan.first_request + i);
+      if (!found && page >= begin && page < begin + pages) {
+        found = true;
+        request = scan.first_request + i;
+      }
+      if (!found) begin += pages;
+    }
+  }
+  const unsigned ballot = __ballot_sync(0xffffffffu, found);
+  const int owner = ballot != 0 ? __ffs(ballot) - 1 : 0;
+  cur.request = __shfl_sync(0xffffffffu, request, owner);
+  cur.request_begin = __shfl_sync(0xffffffffu, begin, owner);
+  return cur;
+}
+
+// The cursor's next segment as a CtaSplit (partial rows at slot request + cta), advancing past it; false when the
+// CTA's pages are done.
+__device__ __forceinline__ bool flat_next_segment(const CoreParams& p, FlatCursor& cur, int rows_m, CtaSplit& s) {
+  while (cur.next < cur.range.end) {
+    const int length = cur.request < p.num_requests ? p.lengths[cur.request] : 0;
+    const int pages = pages_of(length);
+    if (cur.next < cur.request_begin + pages) {
+      s.request = cur.request;
+      s.entry0 = int64_t{cur.request} * rows_m;
+      s.partial_row0 = int64_t{cur.request + cur.cta} * rows_m;
+      s.length = length;
+      s.total = p.totals != nullptr ? p.totals[cur.request] : length;
+      s.page_begin = cur.next - cur.request_begin;
+      const int end = min(cur.range.end, cur.request_begin + pages);
+      s.num_pages = end - cur.next;
+      s.writes_nothing = false;
+      s.pages = p.block_table + int64_t{cur.request} * p.stride_block_table;
+      cur.next = end;
+      return true;
+    }
+    cur.request_begin += pages;
+    ++cur.request;
+  }
+  return false;
+}
+
+// `request`'s flat slots (the combine; the warp's request is the same on every lane).
+__device__ __forceinline__ FlatSlots flat_slots_of_request(const int32_t* lengths, int num_requests, int grid_requests,
+                                                          int num_splits, int request) {
+  const PageScan scan = warp_page_scan(lengths, num_requests, grid_requests);
+  const int per_cta = flat_pages_per_cta(scan.total, num_splits * grid_requests);
+  FlatSlots mine;
+  bool found = false;
+  int before = scan.before;
+  for (int i = 0; i < scan.count; ++i) {
+    const int r = scan.first_request + i;
+    const int pages = request_pages(lengths, num_requests, r);
+    if (r == request) {
+      found = true;
+      mine = flat_request_slots(r, before, pages, per_cta);
+    }
+    before += pages;
+  }
+  const unsigned ballot = __ballot_sync(0xffffffffu, found);
+  const int owner = ballot != 0 ? __ffs(ballot) - 1 : 0;
+  mine.first = __shfl_sync(0xffffffffu, mine.first, owner);
+  mine.count = ballot != 0 ? __shfl_sync(0xffffffffu, mine.count, owner) : 0;
+  return mine;
+}
+
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
 // lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
@@ -781,8 +889,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 // groups (entries * 4) over the groups of a block.
 // Splits past nonempty_splits() wrote nothing: only the first round of loads may read them (inside the
 // workspace) and drops them by a select; a nonempty split whose rows see no token has lse -inf and weighs
-// exactly 0; no nonempty split => latent 0 and lse -inf. kBalancedSlots: as the split kernel's.
-template <bool kBalancedSlots>
+// exactly 0; no nonempty split => latent 0 and lse -inf. kSlots: the split kernel's deal (kSlotsUniform, ...).
+template <int kSlots>
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
   constexpr int kChunks = kKvLoraRank / kCombineDims;
@@ -802,11 +910,19 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const int request = static_cast<int>(entry) / rows_m;  // entries < 2^31 (plan_core)
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
   // An inactive warp (past the last entry: request 0) only reads inside request 0's slots.
-  const detail::RequestSlots slots =
-      kBalancedSlots
-          ? detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request)
-          : detail::RequestSlots{request * p.num_splits, p.num_splits};
-  const int splits = nonempty_splits(length, slots.count);
+  detail::RequestSlots slots{request * p.num_splits, p.num_splits};
+  int splits = 0;
+  if constexpr (kSlots == kSlotsFlat) {  // every slot of the request holds one of its segments
+    const FlatSlots flat =
+        detail::flat_slots_of_request(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
+    slots = detail::RequestSlots{flat.first, flat.count};
+    splits = active ? flat.count : 0;
+  } else {
+    if constexpr (kSlots == kSlotsBalanced) {
+      slots = detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
+    }
+    splits = nonempty_splits(length, slots.count);
+  }
   // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request.
   const int64_t partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);
   const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]

@@ -52,8 +52,10 @@ __device__ __forceinline__ uint32_t row_barrier(int wg) { return 3 + wg; }
 
 }  // namespace wgmma_pp_detail
 
-// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.
-template <int kTileN, int kStages, bool kBalancedSlots>
+// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kSlots: the CTA slots' deal (config.h):
+// uniform or balanced as core_split_kernel's, or flat, where a CTA's pages may span several requests and it runs
+// one segment (query tile, softmax state, partial) per request, its ring and P^T buffers counting pages across them.
+template <int kTileN, int kStages, int kSlots>
 __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __grid_constant__ CoreParams p) {
   using namespace detail;
   using namespace wgmma_detail;
@@ -79,25 +81,38 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   const int tile_row0 = tile * kTileN;
 
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
-      cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
-  if (writes_nothing) return;
-  const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
+  CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
+  FlatCursor cursor;
+  if constexpr (kSlots == kSlotsFlat) {
+    cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
+    if (!flat_next_segment(p, cursor, rows_m, segment)) return;  // past the batch's pages
+  } else {
+    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
+    if (segment.writes_nothing) return;
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
     for (int b = 0; b < 2; ++b) mbar_init(&smem.p_full[b], 128);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
   __syncthreads();
 
   griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
 
+  // The CTA's pages before this segment: page k of a segment is the CTA's page g0 + k, whose parity picks the
+  // warpgroup that owns it and its P^T buffer, and which sets the ring slot and the mbarrier phases.
+  int g0 = 0;
+  for (;;) {
+  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] = segment;
+  const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
+  // NOTE: after the previous segment's (E2): its LSE stores read m_cur.
+  if (threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
+
   // Warpgroup w copies its part of page k (copy_page_part_async: w = 0 column blocks 0-3 and 8, w = 1 blocks
   // 4-7) into the page's ring slot.
   auto issue_own_part = [&](int k) {
-    const int stage = k % kStages;
+    const int stage = (g0 + k) % kStages;
     if (wg == 0) {
       copy_page_part_async<0>(p, pages, page_begin + k, length, smem.kv[stage], &smem.full[stage], wt);
     } else {
@@ -132,10 +147,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // for the other warpgroup's pages, l_run: an own page's softmax rescaled it) when the page raised a max;
   // then refills this warpgroup's part of the page's ring slot with page k + kStages.
   auto pv_page = [&](int k) {
-    const int stage = k % kStages;
-    const int buf = k % 2;
-    mbar_wait(&smem.full[stage], (k / kStages) & 1);  // this warpgroup's copies of the page are visible
-    mbar_wait(&smem.p_full[buf], (k / 2) & 1);
+    const int stage = (g0 + k) % kStages;
+    const int buf = (g0 + k) % 2;
+    mbar_wait(&smem.full[stage], ((g0 + k) / kStages) & 1);  // this warpgroup's copies of the page are visible
+    mbar_wait(&smem.p_full[buf], ((g0 + k) / 2) & 1);
     if (smem.raised[buf] != 0) {
       rescale_rows<kTileN>(o, smem.alpha[buf], c);
       if (buf != wg) {
@@ -165,11 +180,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     fence_accumulators<kTileN>(o);
   };
 
-  // ---- Phase 3: the page loop: this warpgroup's own pages k = wg, wg + 2, ... ----------------------------
-  for (int k = wg; k < my_pages; k += 2) {
-    const int stage = k % kStages;
-    const int buf = wg;  // == k % 2
-    mbar_wait(&smem.full[stage], (k / kStages) & 1);
+  // ---- Phase 3: the page loop: this warpgroup's own pages k (g0 + k = wg, wg + 2, ...) -------------------
+  for (int k = (wg + g0) & 1; k < my_pages; k += 2) {
+    const int stage = (g0 + k) % kStages;
+    const int buf = wg;  // == (g0 + k) % 2
+    mbar_wait(&smem.full[stage], ((g0 + k) / kStages) & 1);
     // 1. S^T = K·Q^T over all 36 k16 steps: one commit group per two 32-byte half blocks (four k16 steps), at most
     // two groups in flight.
     float s[kTileN / 2];  // rows 16wi + g (+ 8) = tokens, columns 8j + 2c (+ 1) = tile rows
@@ -268,13 +283,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     // 4. This page's P·V (waits for the rest of the warpgroup's P^T).
     pv_page(k);
   }
-  // The split's last page, if the other warpgroup owns it (also a one-page split's only page for warpgroup 1).
-  if (my_pages >= 1 && (my_pages - 1) % 2 != wg) pv_page(my_pages - 1);
+  // The segment's last page, if the other warpgroup owns it (also a one-page segment's only page for its non-owner).
+  if (my_pages >= 1 && (g0 + my_pages - 1) % 2 != wg) pv_page(my_pages - 1);
 
   // ---- Phase 4: the softmax sums (lanes g, the 4 warps, both warpgroups) and the LSE --------------------
   publish_row_sums<kGroups>(l_run, smem.sum_red[wg], wi, g, c);
   __syncthreads();  // (E1) both warpgroups' sums and the final running max are in shared memory
-  const bool direct = p.num_splits == 1;
+  const bool direct = kSlots != kSlotsFlat && p.num_splits == 1;
   if (threadIdx.x < kTileN) {
     const int n = threadIdx.x;
     float sum = 0.0f;
@@ -290,6 +305,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
 
   // ---- Phase 5: stores ---------------------------------------------------------------------------
   store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
+
+  g0 += my_pages;
+  if constexpr (kSlots != kSlotsFlat) {
+    break;
+  } else {
+    if (!flat_next_segment(p, cursor, rows_m, segment)) break;
+  }
+  }  // segments
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
 

@@ -25,6 +25,26 @@ struct SplitKernel {
   size_t smem_bytes;
 };
 
+// The ping-pong kernel of (tile, ring depth) for the slot deal kSlots (config.h).
+template <int kSlots>
+SplitKernel pp_kernel_for(int tile_rows, int stages) {
+  switch (tile_rows) {
+    case 16:
+      if (stages == 2) return {core_wgmma_pp_kernel<16, 2, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<16, 2>)};
+      return {core_wgmma_pp_kernel<16, 3, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<16, 3>)};
+    case 32:
+      if (stages == 2) return {core_wgmma_pp_kernel<32, 2, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<32, 2>)};
+      return {core_wgmma_pp_kernel<32, 3, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<32, 3>)};
+    case 48:
+      if (stages == 2) return {core_wgmma_pp_kernel<48, 2, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<48, 2>)};
+      return {core_wgmma_pp_kernel<48, 3, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<48, 3>)};
+    case 64:
+      if (stages == 2) return {core_wgmma_pp_kernel<64, 2, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<64, 2>)};
+      return {core_wgmma_pp_kernel<64, 3, kSlots>, sizeof(WgmmaPpSharedMemoryPlan<64, 3>)};
+    default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
+  }
+}
+
 // Bounded dispatch on (variant, tile, ring depth), kB = balanced slots: a value outside the table is an error,
 // never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
 // wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
@@ -43,23 +63,7 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (stages != 2 && stages != 3) {
     throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma (0 = default)", std::to_string(stages));
   }
-  if (kernel == kKernelWgmmaPp) {
-    switch (tile_rows) {
-      case 16:
-        if (stages == 2) return {core_wgmma_pp_kernel<16, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<16, 2>)};
-        return {core_wgmma_pp_kernel<16, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<16, 3>)};
-      case 32:
-        if (stages == 2) return {core_wgmma_pp_kernel<32, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<32, 2>)};
-        return {core_wgmma_pp_kernel<32, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<32, 3>)};
-      case 48:
-        if (stages == 2) return {core_wgmma_pp_kernel<48, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<48, 2>)};
-        return {core_wgmma_pp_kernel<48, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<48, 3>)};
-      case 64:
-        if (stages == 2) return {core_wgmma_pp_kernel<64, 2, kB>, sizeof(WgmmaPpSharedMemoryPlan<64, 2>)};
-        return {core_wgmma_pp_kernel<64, 3, kB>, sizeof(WgmmaPpSharedMemoryPlan<64, 3>)};
-      default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
-    }
-  }
+  if (kernel == kKernelWgmmaPp) return pp_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(tile_rows, stages);
   switch (tile_rows) {
     case 16:
       if (stages == 2) return {core_wgmma_kernel<16, 2, 2, kB>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
@@ -77,9 +81,17 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   }
 }
 
-SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, bool balanced_slots) {
-  return balanced_slots ? split_kernel_for<true>(kernel, tile_rows, stages)
-                        : split_kernel_for<false>(kernel, tile_rows, stages);
+SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
+  if (slots == kSlotsFlat) {
+    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the ping-pong kernel only");
+    return pp_kernel_for<kSlotsFlat>(tile_rows, stages);
+  }
+  return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
+                                 : split_kernel_for<false>(kernel, tile_rows, stages);
+}
+
+int slot_mode(const CorePlan& plan) {
+  return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
 }
 
 int threads_for(int kernel) {
@@ -169,7 +181,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     const int default_stages = three_stages ? 3 : 2;
     plan.stages = shape.stages == 0 ? default_stages : shape.stages;
   }
-  const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, false);
+  const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, kSlotsUniform);
   const KernelFn kernel = split_kernel.fn;
   plan.smem_bytes = split_kernel.smem_bytes;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -200,14 +212,19 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own
   // holds more than the uniform deal's (src/core/README.md, next step 7). Their S x R CTA slots are the grid's y
   // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
-  plan.balanced_slots =
-      plan.num_splits >= kMinBalancedSplits && requests > 1 && int64_t{plan.num_splits} * requests <= kMaxGridY;
-  plan.grid = plan.balanced_slots
+  // Flat slots (split_rule.h, flat_cta_range) for the ping-pong kernel wherever a request's pages are split and
+  // the batch has more than one request: every CTA then holds at most ceil(P / (S·R)) pages however the lengths
+  // spread (src/core/README.md, next step 7).
+  const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
+  plan.flat_slots = plan.kernel == kKernelWgmmaPp && plan.num_splits >= 2 && requests > 1 && slots_fit_grid;
+  plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
+  plan.grid = plan.balanced_slots || plan.flat_slots
                   ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
-  if (plan.balanced_slots) {  // its own instantiation of the split kernel: same shared memory and occupancy
-    const KernelFn balanced = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, true).fn;
+  plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
+  if (plan.balanced_slots || plan.flat_slots) {  // its own instantiation of the split kernel: same shared memory and occupancy
+    const KernelFn balanced = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
     MLA_CUDA_CHECK(cudaFuncSetAttribute(balanced, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(plan.smem_bytes)));
     int balanced_ctas_per_sm = 0;
@@ -215,10 +232,9 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                                                                  threads_for(plan.kernel), plan.smem_bytes));
     if (balanced_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced split kernel's occupancy differs");
   }
+  plan.workspace_bytes =
+      plan.num_splits == 1 ? 0 : static_cast<size_t>(plan.partial_slots) * rows_m * (kKvLoraRank + 1) * sizeof(float);
   const int64_t entries = shape.rows * shape.heads;
-  plan.workspace_bytes = plan.num_splits == 1
-                             ? 0
-                             : static_cast<size_t>(plan.num_splits) * entries * (kKvLoraRank + 1) * sizeof(float);
   // Combine: enough warps per (entry, chunk) that each takes at most kCombineLoadsInFlight splits (one round
   // of loads), up to 16 (251 splits: 16 warps of 16 splits); few splits: 1 warp, 4 (entry, chunk) pairs a
   // CTA, so that few entries still spread over many SMs. NOTE: at 1x4k x12 (32 splits, 48 pairs) 12 CTAs of 16
@@ -301,11 +317,11 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.lse = args.lse;
   if (plan.num_splits > 1) {
     params.partial_latent = static_cast<float*>(args.workspace);
-    params.partial_lse = params.partial_latent + static_cast<int64_t>(plan.num_splits) * entries * kKvLoraRank;
+    params.partial_lse = params.partial_latent + plan.partial_slots * shape.q * shape.heads * kKvLoraRank;
   }
   void* split_args[] = {&params};
   launch_with_pdl(reinterpret_cast<const void*>(
-                      split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, plan.balanced_slots).fn),
+                      split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn),
                   plan.grid, dim3(threads_for(plan.kernel)), plan.smem_bytes, stream, split_args, pdl);
   if (plan.num_splits == 1) return;
 
@@ -323,7 +339,9 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.latent = args.latent;
   combine.lse = args.lse;
   void* combine_args[] = {&combine};
-  const auto combine_kernel = plan.balanced_slots ? &core_combine_kernel<true> : &core_combine_kernel<false>;
+  const auto combine_kernel = plan.flat_slots       ? &core_combine_kernel<kSlotsFlat>
+                              : plan.balanced_slots ? &core_combine_kernel<kSlotsBalanced>
+                                                    : &core_combine_kernel<kSlotsUniform>;
   launch_with_pdl(reinterpret_cast<const void*>(combine_kernel),
                   plan.combine_grid, plan.combine_block, 0,
                   stream, combine_args);

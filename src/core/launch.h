@@ -58,11 +58,15 @@ struct CorePlan {
   int stages = 2;              // K/V page ring depth
   int ctas_per_sm = 1;         // occupancy of the split kernel
   int num_sms = 0;             // multiprocessors of the planned device
-  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced: (m_tiles,
+  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced or flat: (m_tiles,
                                // num_splits * requests, 1), CTA slots dealt by pages (split_rule.h)
   bool balanced_slots = false; // the slots dealt to the requests by pages at run time (first_slot), not
                                // num_splits each: num_splits >= kMinBalancedSplits, more than one request
                                // and num_splits * requests <= 65535 (grid y)
+  bool flat_slots = false;     // the batch's pages flattened over num_splits * requests CTAs across request
+                               // boundaries (split_rule.h, flat_cta_range): the ping-pong kernel with >= 2 splits
+                               // and more than one request (then balanced_slots is false)
+  int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
   int combine_warps_per_entry = 1;  // combine kernel: warps per (entry, 128-dim chunk)

@@ -88,6 +88,41 @@ MLA_CORE_SPLIT_RULE_FN int first_slot(int request, int64_t pages_before, int64_t
   return request + static_cast<int>(floor_div_small_quotient(extra * pages_before, total_pages));
 }
 
+
+// ---- Flat slots (the ping-pong kernel with more than one request; src/core/README.md, next step 7) -------------
+// N = num_splits · R CTAs share the batch's P pages in request order, across request boundaries: CTA c takes the
+// flattened pages [c·ppc, min((c + 1)·ppc, P)), ppc = ceil(P / N), so every CTA holds at most ppc pages however the
+// lengths spread. Its part of request r (a segment) is one partial, at slot r + c: request r's segments come from
+// CTAs c_first(r) = ⌊p_r / ppc⌋ .. c_last(r) = ⌊(p_r + pages_r − 1) / ppc⌋ (p_r: its pages before it), so its slots are
+// [r + c_first, r + c_last], and no two (request, CTA) pairs share a slot (a later CTA never holds an earlier
+// request's page). Slots: N + R − 1. NOTE: 32-bit: the plan keeps R · max_context pages below 2^31.
+MLA_CORE_SPLIT_RULE_FN int flat_pages_per_cta(int total_pages, int num_ctas) {
+  return total_pages == 0 ? 1 : (total_pages + num_ctas - 1) / num_ctas;
+}
+// CTA c's flattened pages [begin, end) (empty past the batch's last page).
+struct FlatRange {
+  int begin = 0;
+  int end = 0;
+};
+MLA_CORE_SPLIT_RULE_FN FlatRange flat_cta_range(int cta, int total_pages, int pages_per_cta) {
+  const int64_t begin = int64_t{cta} * pages_per_cta;
+  FlatRange r;
+  r.begin = begin < total_pages ? static_cast<int>(begin) : total_pages;
+  r.end = begin + pages_per_cta < total_pages ? static_cast<int>(begin + pages_per_cta) : total_pages;
+  return r;
+}
+// Request `request`'s slots [first, first + count) (count 0 without pages).
+struct FlatSlots {
+  int first = 0;
+  int count = 0;
+};
+MLA_CORE_SPLIT_RULE_FN FlatSlots flat_request_slots(int request, int pages_before, int pages, int pages_per_cta) {
+  FlatSlots s;
+  s.first = request + pages_before / pages_per_cta;
+  s.count = pages == 0 ? 0 : (pages_before + pages - 1) / pages_per_cta - pages_before / pages_per_cta + 1;
+  return s;
+}
+
 }  // namespace mla::core
 
 #undef MLA_CORE_SPLIT_RULE_FN

@@ -119,5 +119,62 @@ TEST(CoreSplitRule, FloorDivisionOfASmallQuotient) {
   }
 }
 
+
+// Flat slots (split_rule.h): the N CTAs' flattened page ranges cut at request boundaries give every page of every
+// request to exactly one (request, CTA) segment; the segment's slot r + c lies in the request's slots
+// (flat_request_slots, what the combine merges), every one of those slots holds exactly one segment, no slot is
+// shared, and none lies past N + R - 1. No CTA holds more than ceil(P / N) pages.
+TEST(CoreSplitRule, FlatSlotsCoverEveryPageOnce) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int requests = 1 + static_cast<int>(rng() % 70);
+    const int splits = 1 + static_cast<int>(rng() % 9);
+    const int max_length = trial % 3 == 0 ? 300 : 20000;
+    std::vector<int> pages(requests), before(requests);
+    int total = 0;
+    for (int r = 0; r < requests; ++r) {
+      const int length = rng() % 5 == 0 ? 0 : static_cast<int>(rng() % max_length);
+      pages[r] = (length + kPageSize - 1) / kPageSize;
+      before[r] = total;
+      total += pages[r];
+    }
+    const int ctas = splits * requests;
+    const int per_cta = core::flat_pages_per_cta(total, ctas);
+    SCOPED_TRACE(::testing::Message() << requests << " requests, " << splits << " splits, " << total << " pages");
+    std::vector<int> slot_pages(ctas + requests - 1, 0);  // pages written to each slot
+    std::vector<int> page_owner(total, -1);
+    for (int c = 0; c < ctas; ++c) {
+      const core::FlatRange range = core::flat_cta_range(c, total, per_cta);
+      EXPECT_LE(range.end - range.begin, per_cta);
+      for (int r = 0; r < requests; ++r) {
+        const int begin = std::max(range.begin, before[r]);
+        const int end = std::min(range.end, before[r] + pages[r]);
+        if (begin >= end) continue;
+        const int slot = r + c;
+        ASSERT_LT(slot, ctas + requests - 1);
+        EXPECT_EQ(slot_pages[slot], 0) << "slot " << slot << " written twice";
+        slot_pages[slot] = end - begin;
+        const core::FlatSlots mine = core::flat_request_slots(r, before[r], pages[r], per_cta);
+        EXPECT_GE(slot, mine.first);
+        EXPECT_LT(slot, mine.first + mine.count);
+        for (int g = begin; g < end; ++g) {
+          EXPECT_EQ(page_owner[g], -1);
+          page_owner[g] = c;
+        }
+      }
+    }
+    for (int g = 0; g < total; ++g) EXPECT_NE(page_owner[g], -1) << "page " << g;
+    for (int r = 0; r < requests; ++r) {  // the combine's slots of r all hold a segment of r
+      const core::FlatSlots mine = core::flat_request_slots(r, before[r], pages[r], per_cta);
+      int merged = 0;
+      for (int s = mine.first; s < mine.first + mine.count; ++s) {
+        EXPECT_GT(slot_pages[s], 0) << "request " << r << " slot " << s;
+        merged += slot_pages[s];
+      }
+      EXPECT_EQ(merged, pages[r]) << "request " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mla

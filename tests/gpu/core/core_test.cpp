@@ -340,6 +340,13 @@ std::vector<CoreCase> cases() {
     for (int b = 0; b < 45; ++b) lengths.push_back(b % 9 == 0 ? 0 : (b * 977) % 4200);
     v.push_back(with(make("h8_q1_45_requests_balanced", 8, 1, lengths), 6, 2));
   }
+  {
+    // Flat slots (planned for the ping-pong kernel with > 1 request and >= 2 splits): CTAs whose pages span several
+    // requests, with empty, one-token, page-edge and padded requests between them and q = 4 causal rows.
+    std::vector<int> lengths;
+    for (int b = 0; b < 23; ++b) lengths.push_back(b % 7 == 3 ? 0 : b % 5 == 1 ? 64 * (b % 4) + 1 : (b * 1733) % 3000);
+    v.push_back(with(make("h12_q4_23_requests_flat", 12, 4, lengths), 3, 2));
+  }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;
 }
@@ -398,6 +405,16 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_FALSE(
       core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1}).balanced_slots);
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16}).balanced_slots);  // one request
+  // Flat slots: the ping-pong kernel with >= 2 splits and more than one request (then never balanced); S x R CTAs
+  // and S x R + R - 1 partial slots.
+  const core::CorePlan flat = core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 3});
+  EXPECT_TRUE(flat.flat_slots);
+  EXPECT_FALSE(flat.balanced_slots);
+  EXPECT_EQ(flat.grid.y, 6u);
+  EXPECT_EQ(flat.partial_slots, 7);
+  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 3}).flat_slots);  // one request
+  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split
+  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = 8}).flat_slots);  // mma.sync
   // ... whose S x R slots are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
   const core::CorePlan wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 255});
   EXPECT_TRUE(wide.balanced_slots);
