@@ -41,17 +41,22 @@ LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_kernel<64, 2, 1, true>(mla::core::CoreParams)":
         "the balanced 64-row tile at 255 registers: two values of the slot lookup on the stack, one reload a page "
         "(an L1 hit; unmeasured)",
-    "void mla::core::core_wgmma_pp_kernel<64, 3, false>(mla::core::CoreParams)":
+    "void mla::core::core_wgmma_pp_kernel<64, 3, 0>(mla::core::CoreParams)":
         "the planned 64-row ping-pong tile at 255 registers: 16-40 B of stack (spill outside the MMA chains; its "
         "cost unmeasured, src/core/README.md)",
-    "void mla::core::core_wgmma_pp_kernel<64, 2, false>(mla::core::CoreParams)": "as <64, 3, false>",
-    "void mla::core::core_wgmma_pp_kernel<64, 3, true>(mla::core::CoreParams)": "as <64, 3, false>",
-    "void mla::core::core_wgmma_pp_kernel<64, 2, true>(mla::core::CoreParams)": "as <64, 3, false>",
-    "void mla::core::core_combine_kernel<false>(mla::core::CombineParams)":
+    "void mla::core::core_wgmma_pp_kernel<64, 2, 0>(mla::core::CoreParams)": "as <64, 3, 0>",
+    "void mla::core::core_wgmma_pp_kernel<64, 3, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
+    "void mla::core::core_wgmma_pp_kernel<64, 2, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
+    "void mla::core::core_wgmma_pp_kernel<64, 3, 2>(mla::core::CoreParams)":
+        "the flat-slot 64-row tile: 88 B of stack, the segment walk's state beside the page loop's 255 registers",
+    "void mla::core::core_wgmma_pp_kernel<64, 2, 2>(mla::core::CoreParams)": "as <64, 3, 2>",
+    "void mla::core::core_combine_kernel<0>(mla::core::CombineParams)":
         "8 B of stack at ptxas' 64-register allocation: one value stored after the PDL wait and reloaded for the "
         "final store, outside the merge loop (unmeasured; a candidate for a fix)",
-    "void mla::core::core_combine_kernel<true>(mla::core::CombineParams)":
+    "void mla::core::core_combine_kernel<1>(mla::core::CombineParams)":
         "16 B of stack at 64 registers: the balanced slot lookup's values (unmeasured; a candidate for a fix)",
+    "void mla::core::core_combine_kernel<2>(mla::core::CombineParams)":
+        "as <1>: the flat slot lookup's values",
     "void mla::query::fused_query_kernel<8, 2, false>(mla::query::QueryParams)":
         "64-row tiles, planned only above 64 rows at H < 12 (the GEMM path otherwise): 40 B of stack in an inner "
         "loop at its 168-register cap",
