@@ -68,14 +68,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();
 
   // ---- Phase 0: grid mapping ---------------------------------------------------------------------
-  // Accumulator fragments (m64nN, fp32): warp wi of a warpgroup holds M rows 16·wi + g and
-  // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
-  const int wg = threadIdx.x / 128;
-  const int wt = threadIdx.x % 128;  // thread within the warpgroup
-  const int wi = wt / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int c = lane % 4;
   const int tile = blockIdx.x;
   const int rows_m = p.q * p.num_heads;
   const int tile_row0 = tile * kTileN;
@@ -105,6 +97,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   int g0 = 0;
   for (;;) {
   const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] = segment;
+  // Accumulator fragments (m64nN, fp32): warp wi of a warpgroup holds M rows 16·wi + g and
+  // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
+  // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing (page copies, K and V
+  // fragments) inside each segment instead of hoisting it across them, where it spilled (64-row tiles: 88 B of stack).
+  const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
+  const int wg = tid / 128;
+  const int wt = tid % 128;  // thread within the warpgroup
+  const int wi = wt / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int c = lane % 4;
   const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
   // NOTE: after the previous segment's (E2): its LSE stores read m_cur.
   if (threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
