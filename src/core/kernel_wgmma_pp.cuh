@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     for (int b = 0; b < 2; ++b) mbar_init(&smem.p_full[b], 128);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if (threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
   __syncthreads();
 
   griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
@@ -109,8 +110,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   const int g = lane / 4;
   const int c = lane % 4;
   const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
-  // NOTE: after the previous segment's (E2): its LSE stores read m_cur.
-  if (threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
+  // A later segment's running max starts afresh (after the previous segment's (E2): its LSE stores read m_cur).
+  if (g0 != 0 && threadIdx.x < kTileN) smem.m_cur[threadIdx.x] = -INFINITY;
 
   // Warpgroup w copies its part of page k (copy_page_part_async: w = 0 column blocks 0-3 and 8, w = 1 blocks
   // 4-7) into the page's ring slot.
