@@ -35,7 +35,8 @@ struct CoreParams {
   void* latent = nullptr;         // [rows, heads, 512] bf16 (written when num_splits == 1)
   float* lse = nullptr;           // [rows, heads] fp32 natural log (written when num_splits == 1)
   float* partial_latent = nullptr;  // [slots, q * heads, 512] fp32, normalized per split: slot s of request r
-                                    // at rows (first_slot(r) + s) * q * heads + mi
+                                    // at rows (first_slot(r) + s) * q * heads + mi; flat slots: CTA c's segment
+                                    // of request r at slot r + c (CorePlan.partial_slots slots)
   float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
 };
 
