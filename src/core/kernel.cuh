@@ -516,6 +516,12 @@ __device__ __forceinline__ void copy_page_async(const CoreParams& p, const int32
   }
 }
 
+// The value, hidden from the optimizer (keeps a loop-invariant computation inside the loop).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 // Global position of local token j (DESIGN.md §4, DCP).
 __device__ __forceinline__ int64_t global_position(int64_t j, const CoreParams& p) {
   if (p.dcp_size == 1) return j;
@@ -530,9 +536,10 @@ __device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t tot
 
 }  // namespace detail
 
-// kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kBalancedSlots: the CTA slots dealt by pages
-// (CorePlan.balanced_slots, slot_split).
-template <int kStages, int kMinBlocksPerSm, bool kBalancedSlots>
+// kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kSlots: the CTA slots' deal (config.h): uniform, balanced
+// (CorePlan.balanced_slots, slot_split) or flat (CorePlan.flat_slots: the CTA's pages may span several requests, one
+// segment each, as in the ping-pong kernel; its ring counts pages across segments).
+template <int kStages, int kMinBlocksPerSm, int kSlots>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     core_split_kernel(const __grid_constant__ CoreParams p) {
   using namespace detail;
@@ -541,23 +548,19 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   // ---- Phase 0: grid mapping ---------------------------------------------------------------------
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;  // fragment row group
-  const int c = lane % 4;  // fragment column group
   const int m_tile = blockIdx.x;
   const int rows_m = p.q * p.num_heads;  // M rows of one request
-  const int row0 = m_tile * kBlockM + g;  // this thread's two M rows
-  const int row1 = row0 + 8;
 
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
-  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
-      cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
-  if (writes_nothing) return;
-  // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
-  const int64_t bound0 = causal_bound(p, total, min(row0, rows_m - 1));
-  const int64_t bound1 = causal_bound(p, total, min(row1, rows_m - 1));
-  const int64_t bound_min = causal_bound(p, total, m_tile * kBlockM);
+  CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
+  FlatCursor cursor;
+  if constexpr (kSlots == kSlotsFlat) {
+    cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
+    if (!flat_next_segment(p, cursor, rows_m, segment)) return;  // past the batch's pages
+  } else {
+    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
+    if (segment.writes_nothing) return;
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row
@@ -567,6 +570,25 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
   // PDL: the query and this step's cache rows come from the query kernel.
   griddep_wait();
+
+  // The CTA's pages before this segment: page it of a segment is the CTA's page g0 + it, which sets its ring stage
+  // and mbarrier phase, so the ring runs on across segments.
+  int g0 = 0;
+  for (;;) {
+  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] = segment;
+  // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing inside each segment
+  // instead of keeping it live across them (as in the ping-pong kernel, where that spilled).
+  const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // fragment row group
+  const int c = lane % 4;  // fragment column group
+  const int row0 = m_tile * kBlockM + g;  // this thread's two M rows
+  const int row1 = row0 + 8;
+  // Causal bounds of this thread's rows: visible iff global(j) <= total - q + i.
+  const int64_t bound0 = causal_bound(p, total, min(row0, rows_m - 1));
+  const int64_t bound1 = causal_bound(p, total, min(row1, rows_m - 1));
+  const int64_t bound_min = causal_bound(p, total, m_tile * kBlockM);
 
   // Producer (threads 0-63, one token row each): the split's next page into its stage. A row within the
   // length is one 576-byte cp.async.bulk (the copy engine) counted by expect_tx on the stage's mbarrier;
@@ -578,7 +600,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   int issued = 0;  // pages of this split issued so far
   int32_t next_page_id = my_pages > 0 && threadIdx.x < kPageSize ? pages[page_begin] : 0;
   auto issue_next_page = [&]() {
-    const int stage = issued % kStages;
+    const int stage = (g0 + issued) % kStages;
     if (threadIdx.x < kPageSize) {
       const int row = threadIdx.x;
       const int32_t page_id = next_page_id;
@@ -643,8 +665,8 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
   // ---- Phase 3: the page loop ------------------------------------------------------------------
   for (int it = 0; it < my_pages; ++it) {
-    const int stage = it % kStages;
-    mbar_wait(&smem.full[stage], (it / kStages) & 1);
+    const int stage = (g0 + it) % kStages;
+    mbar_wait(&smem.full[stage], ((g0 + it) / kStages) & 1);
     const uint8_t* kv = &smem.kv[stage][0][0];
 
     // 3a. S = Q·K^T for this warp's 16 tokens (two n8 tiles) over its half of the 36 k16 steps: f16
@@ -850,7 +872,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
   // ---- Phase 5: stores: the thread holds dims chunk·32 + 16b + 4c + [0, 4) (b = 0, 1) of rows g, g+8 --
   // (tile 2b: dims 4c, 4c + 2 as fragments 0, 1; tile 2b + 1: dims 4c + 1, 4c + 3; rows g + 8: 2, 3).
-  const bool direct = p.num_splits == 1;
+  const bool direct = kSlots != kSlotsFlat && p.num_splits == 1;
   const float out_scale0 = direct ? inv0 * p.k_scale : inv0;
   const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
 #pragma unroll
@@ -878,6 +900,14 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       }
     }
   }
+
+  g0 += my_pages;
+  if constexpr (kSlots != kSlotsFlat) {
+    break;
+  } else {
+    if (!flat_next_segment(p, cursor, rows_m, segment)) break;
+  }
+  }  // segments
   // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
   griddep_launch_dependents();
 }

@@ -49,16 +49,20 @@ SplitKernel pp_kernel_for(int tile_rows, int stages) {
 // never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
 // wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
 // else one CTA per SM. Ping-pong wgmma: one CTA per SM.
+// The mma.sync kernel of a ring depth for the slot deal kSlots.
+template <int kSlots>
+SplitKernel mma_kernel_for(int stages) {
+  switch (stages) {
+    case 2: return {core_split_kernel<2, 2, kSlots>, sizeof(SharedMemoryPlan<2>)};
+    case 3: return {core_split_kernel<3, 1, kSlots>, sizeof(SharedMemoryPlan<3>)};
+    case 4: return {core_split_kernel<4, 1, kSlots>, sizeof(SharedMemoryPlan<4>)};
+    default: throw_bad_argument("CoreShape.stages", "2, 3 or 4 for mma.sync (0 = default)", std::to_string(stages));
+  }
+}
+
 template <bool kB>
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
-  if (kernel == kKernelMmaSync) {
-    switch (stages) {
-      case 2: return {core_split_kernel<2, 2, kB>, sizeof(SharedMemoryPlan<2>)};
-      case 3: return {core_split_kernel<3, 1, kB>, sizeof(SharedMemoryPlan<3>)};
-      case 4: return {core_split_kernel<4, 1, kB>, sizeof(SharedMemoryPlan<4>)};
-      default: throw_bad_argument("CoreShape.stages", "2, 3 or 4 for mma.sync (0 = default)", std::to_string(stages));
-    }
-  }
+  if (kernel == kKernelMmaSync) return mma_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(stages);
   // NOTE: 3, not 4: with the f16 query tile (72 KB at 64 rows) a 4-page ring no longer fits 64-row tiles.
   if (stages != 2 && stages != 3) {
     throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma (0 = default)", std::to_string(stages));
@@ -83,7 +87,8 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
   if (slots == kSlotsFlat) {
-    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the ping-pong kernel only");
+    if (kernel == kKernelMmaSync) return mma_kernel_for<kSlotsFlat>(stages);
+    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
     return pp_kernel_for<kSlotsFlat>(tile_rows, stages);
   }
   return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
@@ -212,11 +217,11 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own
   // holds more than the uniform deal's (src/core/README.md, next step 7). Their S x R CTA slots are the grid's y
   // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
-  // Flat slots (split_rule.h, flat_cta_range) for the ping-pong kernel wherever a request's pages are split and
-  // the batch has more than one request: every CTA then holds at most ceil(P / (S·R)) pages however the lengths
-  // spread (src/core/README.md, next step 7).
+  // Flat slots (split_rule.h, flat_cta_range) for the mma.sync and ping-pong kernels wherever a request's pages are
+  // split and the batch has more than one request: every CTA then holds at most ceil(P / (S·R)) pages however the
+  // lengths spread (src/core/README.md, next step 7). The lockstep wgmma kernel (a variant) keeps the balanced deal.
   const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
-  plan.flat_slots = plan.kernel == kKernelWgmmaPp && plan.num_splits >= 2 && requests > 1 && slots_fit_grid;
+  plan.flat_slots = plan.kernel != kKernelWgmma && plan.num_splits >= 2 && requests > 1 && slots_fit_grid;
   plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
   plan.grid = plan.balanced_slots || plan.flat_slots
                   ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)

@@ -333,9 +333,9 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h8_q2_splits_30", 8, 2, {3000, 640, 0}), 30));
   v.push_back(with(make("h12_q1_splits_64", 12, 1, {4097, 2000, 63}), 64));
   {
-    // Balanced slots (plan: >= kMinBalancedSplits splits, > 1 request) over more than 32 requests, so each lane
-    // of the slot scan takes several; lengths from 0 to ~4k, so the long ones get many more slots than the
-    // short ones, and two padded requests.
+    // Flat slots (the planned kernels) and balanced ones (the lockstep wgmma variant: >= kMinBalancedSplits splits,
+    // > 1 request) over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k,
+    // so the long ones get many more slots (balanced) or CTAs (flat) than the short ones, and two padded requests.
     std::vector<int> lengths;
     for (int b = 0; b < 45; ++b) lengths.push_back(b % 9 == 0 ? 0 : (b * 977) % 4200);
     v.push_back(with(make("h8_q1_45_requests_balanced", 8, 1, lengths), 6, 2));
@@ -346,6 +346,7 @@ std::vector<CoreCase> cases() {
     std::vector<int> lengths;
     for (int b = 0; b < 23; ++b) lengths.push_back(b % 7 == 3 ? 0 : b % 5 == 1 ? 64 * (b % 4) + 1 : (b * 1733) % 3000);
     v.push_back(with(make("h12_q4_23_requests_flat", 12, 4, lengths), 3, 2));
+    v.push_back(with(make("h16_q1_23_requests_flat", 16, 1, lengths), 2, 1));  // the mma.sync kernel's
   }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;
@@ -400,26 +401,34 @@ TEST(CorePlan, FillsTheMachine) {
   const core::CorePlan h96 = core::plan_core({.rows = 8, .heads = 96, .q = 1});
   EXPECT_EQ(h96.tile_rows, 48);
   EXPECT_EQ(h96.m_tiles, 2);
-  // Balanced CTA slots from kMinBalancedSplits planned splits with more than one request (launch.h).
-  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits}).balanced_slots);
-  EXPECT_FALSE(
-      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1}).balanced_slots);
-  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16}).balanced_slots);  // one request
-  // Flat slots: the ping-pong kernel with >= 2 splits and more than one request (then never balanced); S x R CTAs
-  // and S x R + R - 1 partial slots.
-  const core::CorePlan flat = core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 3});
-  EXPECT_TRUE(flat.flat_slots);
-  EXPECT_FALSE(flat.balanced_slots);
-  EXPECT_EQ(flat.grid.y, 6u);
-  EXPECT_EQ(flat.partial_slots, 7);
+  // Flat slots: the mma.sync and ping-pong kernels with >= 2 splits and more than one request (then never balanced);
+  // S x R CTAs and S x R + R - 1 partial slots.
+  for (const core::CoreShape& shape : {core::CoreShape{.rows = 8, .heads = 12, .q = 4, .num_splits = 3},
+                                       core::CoreShape{.rows = 8, .heads = 12, .q = 1, .num_splits = 3}}) {
+    const core::CorePlan flat = core::plan_core(shape);
+    EXPECT_TRUE(flat.flat_slots) << shape.q;
+    EXPECT_FALSE(flat.balanced_slots) << shape.q;
+    EXPECT_EQ(flat.grid.y, 3u * shape.rows / shape.q) << shape.q;
+    EXPECT_EQ(flat.partial_slots, 4 * shape.rows / shape.q - 1) << shape.q;
+  }
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 3}).flat_slots);  // one request
   EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split
-  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = 8}).flat_slots);  // mma.sync
-  // ... whose S x R slots are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
+  // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
+  // one request (launch.h).
+  constexpr int kWgmma = core::kKernelWgmma;
+  EXPECT_TRUE(
+      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits, .kernel = kWgmma})
+          .balanced_slots);
+  EXPECT_FALSE(
+      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1, .kernel = kWgmma})
+          .balanced_slots);
+  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16, .kernel = kWgmma}).balanced_slots);
+  // ... whose S x R slots (flat or balanced) are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
   const core::CorePlan wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 255});
-  EXPECT_TRUE(wide.balanced_slots);
+  EXPECT_TRUE(wide.flat_slots);
   EXPECT_EQ(wide.grid.y, 255u * 256u);
   const core::CorePlan too_wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 256});
+  EXPECT_FALSE(too_wide.flat_slots);
   EXPECT_FALSE(too_wide.balanced_slots);
   EXPECT_EQ(too_wide.grid.y, 256u);
   EXPECT_EQ(too_wide.grid.z, 256u);
