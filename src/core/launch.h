@@ -31,6 +31,8 @@ struct CoreShape {
 // request keeps one slot, so the balanced deal's fullest slot holds about P / ((S - 1)·R) pages against the
 // uniform deal's max_r pages_r / S: smaller only for S > 3 at a +-50 % spread (measured H100, 128 x 4k +-50 %
 // x16, S = 2: 160.6 µs uniform, 185.8 balanced; 32 x 32k +-50 % x12, S = 8: 297.1 uniform, 223.5 balanced).
+// Since flat slots (CorePlan.flat_slots) the planned kernels no longer use it: only the lockstep wgmma kernel (a
+// variant) still deals balanced slots.
 inline constexpr int kMinBalancedSplits = 4;
 
 // Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
@@ -61,11 +63,11 @@ struct CorePlan {
   dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced or flat: (m_tiles,
                                // num_splits * requests, 1), CTA slots dealt by pages (split_rule.h)
   bool balanced_slots = false; // the slots dealt to the requests by pages at run time (first_slot), not
-                               // num_splits each: num_splits >= kMinBalancedSplits, more than one request
-                               // and num_splits * requests <= 65535 (grid y)
+                               // num_splits each: the lockstep wgmma kernel with num_splits >= kMinBalancedSplits,
+                               // more than one request and num_splits * requests <= 65535 (grid y)
   bool flat_slots = false;     // the batch's pages flattened over num_splits * requests CTAs across request
-                               // boundaries (split_rule.h, flat_cta_range): the ping-pong kernel with >= 2 splits
-                               // and more than one request (then balanced_slots is false)
+                               // boundaries (split_rule.h, flat_cta_range): the mma.sync and ping-pong kernels with
+                               // >= 2 splits, more than one request and num_splits * requests <= 65535
   int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
