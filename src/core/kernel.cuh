@@ -362,7 +362,7 @@ __device__ __forceinline__ CtaSplit cta_split(const CoreParams& p, int rows_m) {
   return s;
 }
 
-// ---- Flat slots (split_rule.h, flat_cta_range; the ping-pong kernel with more than one request) -------------
+// ---- Flat slots (split_rule.h, flat_cta_range; the mma.sync and ping-pong kernels, more than one request) -----
 // A warp's scan of the batch's pages: lane l sums a run of ceil(grid_requests / 32) requests. Every lane calls it.
 struct PageScan {
   int first_request = 0;  // the lane's run [first_request, first_request + count)

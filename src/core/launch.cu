@@ -228,14 +228,15 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
   plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
-  if (plan.balanced_slots || plan.flat_slots) {  // its own instantiation of the split kernel: same shared memory and occupancy
-    const KernelFn balanced = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(balanced, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // The balanced and flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
+  if (plan.balanced_slots || plan.flat_slots) {
+    const KernelFn dealt = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(dealt, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(plan.smem_bytes)));
-    int balanced_ctas_per_sm = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&balanced_ctas_per_sm, balanced,
-                                                                 threads_for(plan.kernel), plan.smem_bytes));
-    if (balanced_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced split kernel's occupancy differs");
+    int dealt_ctas_per_sm = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dealt_ctas_per_sm, dealt, threads_for(plan.kernel),
+                                                                 plan.smem_bytes));
+    if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced / flat split kernel's occupancy differs");
   }
   plan.workspace_bytes =
       plan.num_splits == 1 ? 0 : static_cast<size_t>(plan.partial_slots) * rows_m * (kKvLoraRank + 1) * sizeof(float);
