@@ -118,7 +118,7 @@ struct WgmmaPpSharedMemoryPlan {
 
 // How the split kernel's CTA slots are dealt (CorePlan): num_splits each (uniform), by pages with one slot a
 // request at least (balanced, split_rule.h first_slot), or the batch's pages flattened over the CTAs across request
-// boundaries (flat, split_rule.h flat_cta_range; the ping-pong kernel only). The combine takes the same mode.
+// boundaries (flat, split_rule.h flat_cta_range; the mma.sync and ping-pong kernels). The combine takes the same mode.
 inline constexpr int kSlotsUniform = 0;
 inline constexpr int kSlotsBalanced = 1;
 inline constexpr int kSlotsFlat = 2;

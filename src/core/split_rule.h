@@ -89,7 +89,7 @@ MLA_CORE_SPLIT_RULE_FN int first_slot(int request, int64_t pages_before, int64_t
 }
 
 
-// ---- Flat slots (the ping-pong kernel with more than one request; src/core/README.md, next step 7) -------------
+// ---- Flat slots (the mma.sync and ping-pong kernels, more than one request; src/core/README.md, next step 7) -----
 // N = num_splits · R CTAs share the batch's P pages in request order, across request boundaries: CTA c takes the
 // flattened pages [c·ppc, min((c + 1)·ppc, P)), ppc = ceil(P / N), so every CTA holds at most ppc pages however the
 // lengths spread. Its part of request r (a segment) is one partial, at slot r + c: request r's segments come from
