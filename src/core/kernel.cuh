@@ -470,6 +470,25 @@ __device__ __forceinline__ FlatSlots flat_slots_of_request(const int32_t* length
   return mine;
 }
 
+// A split kernel CTA's first segment: its split under uniform or balanced slots, the first request its pages touch
+// under flat ones. False: the CTA writes nothing and exits (an empty split, or past the batch's pages).
+template <int kSlots>
+__device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
+  if constexpr (kSlots == kSlotsFlat) {
+    cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
+    return flat_next_segment(p, cursor, rows_m, segment);
+  } else {
+    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
+    return !segment.writes_nothing;
+  }
+}
+// Its next segment: only flat slots have more than one.
+template <int kSlots>
+__device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
+  if constexpr (kSlots == kSlotsFlat) return flat_next_segment(p, cursor, rows_m, segment);
+  return false;
+}
+
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
 // lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
@@ -554,13 +573,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
-  if constexpr (kSlots == kSlotsFlat) {
-    cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
-    if (!flat_next_segment(p, cursor, rows_m, segment)) return;  // past the batch's pages
-  } else {
-    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
-    if (segment.writes_nothing) return;
-  }
+  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) return;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row
@@ -902,11 +915,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   }
 
   g0 += my_pages;
-  if constexpr (kSlots != kSlotsFlat) {
-    break;
-  } else {
-    if (!flat_next_segment(p, cursor, rows_m, segment)) break;
-  }
+  if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
   // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
   griddep_launch_dependents();

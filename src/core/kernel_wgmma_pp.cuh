@@ -75,13 +75,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
-  if constexpr (kSlots == kSlotsFlat) {
-    cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
-    if (!flat_next_segment(p, cursor, rows_m, segment)) return;  // past the batch's pages
-  } else {
-    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
-    if (segment.writes_nothing) return;
-  }
+  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) return;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
@@ -311,11 +305,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
 
   g0 += my_pages;
-  if constexpr (kSlots != kSlotsFlat) {
-    break;
-  } else {
-    if (!flat_next_segment(p, cursor, rows_m, segment)) break;
-  }
+  if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
