@@ -489,6 +489,14 @@ __device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, Fl
   return false;
 }
 
+// Whether a segment writes the request's bf16 latent and LSE itself (no partial, no merge): the request's only split,
+// or under flat slots a segment holding all of the request's pages (the combine then skips it).
+template <int kSlots>
+__device__ __forceinline__ bool writes_directly(const CoreParams& p, int page_begin, int num_pages, int length) {
+  if constexpr (kSlots == kSlotsFlat) return page_begin == 0 && num_pages == pages_of(length);
+  return p.num_splits == 1;
+}
+
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
 // lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
@@ -885,7 +893,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
   // ---- Phase 5: stores: the thread holds dims chunk·32 + 16b + 4c + [0, 4) (b = 0, 1) of rows g, g+8 --
   // (tile 2b: dims 4c, 4c + 2 as fragments 0, 1; tile 2b + 1: dims 4c + 1, 4c + 3; rows g + 8: 2, 3).
-  const bool direct = kSlots != kSlotsFlat && p.num_splits == 1;
+  const bool direct = writes_directly<kSlots>(p, page_begin, my_pages, length);
   const float out_scale0 = direct ? inv0 * p.k_scale : inv0;
   const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
 #pragma unroll
@@ -951,11 +959,14 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // An inactive warp (past the last entry: request 0) only reads inside request 0's slots.
   detail::RequestSlots slots{request * p.num_splits, p.num_splits};
   int splits = 0;
+  bool written = false;
   if constexpr (kSlots == kSlotsFlat) {  // every slot of the request holds one of its segments
     const FlatSlots flat =
         detail::flat_slots_of_request(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
     slots = detail::RequestSlots{flat.first, flat.count};
-    splits = active ? flat.count : 0;
+    // A request in one CTA's pages was written there, directly (writes_directly): nothing to merge or store.
+    written = flat.count == 1;
+    splits = active && !written ? flat.count : 0;
   } else {
     if constexpr (kSlots == kSlotsBalanced) {
       slots = detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
@@ -1031,7 +1042,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   __syncthreads();
 
   // Phase 3: the group's first warp sums its warps, scales, stores.
-  if (active && group_warp == 0) {
+  if (active && !written && group_warp == 0) {
     float4 total = acc;
     for (int w = 1; w < p.warps_per_entry; ++w) {
       const float4 v = partial_sums[warp + w][lane];

@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // ---- Phase 4: the softmax sums (lanes g, the 4 warps, both warpgroups) and the LSE --------------------
   publish_row_sums<kGroups>(l_run, smem.sum_red[wg], wi, g, c);
   __syncthreads();  // (E1) both warpgroups' sums and the final running max are in shared memory
-  const bool direct = kSlots != kSlotsFlat && p.num_splits == 1;
+  const bool direct = writes_directly<kSlots>(p, page_begin, my_pages, length);
   if (threadIdx.x < kTileN) {
     const int n = threadIdx.x;
     float sum = 0.0f;
