@@ -388,6 +388,7 @@ __device__ __forceinline__ PageScan warp_page_scan(const int32_t* lengths, int n
 struct FlatCursor {
   int cta = 0;
   FlatRange range;        // the CTA's flattened pages
+  int pages_per_cta = 1;  // ceil(P / N): every CTA's range but the last
   int request = 0;        // the request holding flattened page `next`
   int request_begin = 0;  // that request's first flattened page
   int next = 0;           // the CTA's next page (flattened)
@@ -398,7 +399,8 @@ __device__ __forceinline__ FlatCursor flat_cursor(const CoreParams& p, int cta) 
   const PageScan scan = warp_page_scan(p.lengths, p.num_requests, p.grid_requests);
   FlatCursor cur;
   cur.cta = cta;
-  cur.range = flat_cta_range(cta, scan.total, flat_pages_per_cta(scan.total, p.num_splits * p.grid_requests));
+  cur.pages_per_cta = flat_pages_per_cta(scan.total, p.num_splits * p.grid_requests);
+  cur.range = flat_cta_range(cta, scan.total, cur.pages_per_cta);
   cur.next = cur.range.begin;
   const int page = cur.range.begin;
   int request = scan.first_request, begin = scan.before;
@@ -446,28 +448,19 @@ __device__ __forceinline__ bool flat_next_segment(const CoreParams& p, FlatCurso
   return false;
 }
 
-// `request`'s flat slots (the combine; the warp's request is the same on every lane).
-__device__ __forceinline__ FlatSlots flat_slots_of_request(const int32_t* lengths, int num_requests, int grid_requests,
-                                                          int num_splits, int request) {
-  const PageScan scan = warp_page_scan(lengths, num_requests, grid_requests);
-  const int per_cta = flat_pages_per_cta(scan.total, num_splits * grid_requests);
-  FlatSlots mine;
-  bool found = false;
-  int before = scan.before;
-  for (int i = 0; i < scan.count; ++i) {
-    const int r = scan.first_request + i;
-    const int pages = request_pages(lengths, num_requests, r);
-    if (r == request) {
-      found = true;
-      mine = flat_request_slots(r, before, pages, per_cta);
+// Flat slots: the CTA holding a request's first page records the request's slots (first, count) for the combine, which
+// then needs no page scan of its own (one scan per entry-warp cost up to 30 µs at 128 requests, ncu 2026-12-05). Called
+// at each segment's start, after the PDL wait; the cursor's request_begin is the segment's request's first page.
+template <int kSlots>
+__device__ __forceinline__ void record_request_slots(const CoreParams& p, const FlatCursor& cursor,
+                                                     const CtaSplit& segment) {
+  if constexpr (kSlots == kSlotsFlat) {
+    if (segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+      const FlatSlots slots =
+          flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
+      *reinterpret_cast<int2*>(p.request_slots + 2 * segment.request) = make_int2(slots.first, slots.count);
     }
-    before += pages;
   }
-  const unsigned ballot = __ballot_sync(0xffffffffu, found);
-  const int owner = ballot != 0 ? __ffs(ballot) - 1 : 0;
-  mine.first = __shfl_sync(0xffffffffu, mine.first, owner);
-  mine.count = ballot != 0 ? __shfl_sync(0xffffffffu, mine.count, owner) : 0;
-  return mine;
 }
 
 // A split kernel CTA's first segment: its split under uniform or balanced slots, the first request its pages touch
@@ -597,6 +590,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   int g0 = 0;
   for (;;) {
   const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] = segment;
+  record_request_slots<kSlots>(p, cursor, segment);
   // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing inside each segment
   // instead of keeping it live across them (as in the ping-pong kernel, where that spilled).
   const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
@@ -959,25 +953,33 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // An inactive warp (past the last entry: request 0) only reads inside request 0's slots.
   detail::RequestSlots slots{request * p.num_splits, p.num_splits};
   int splits = 0;
-  bool written = false;
-  if constexpr (kSlots == kSlotsFlat) {  // every slot of the request holds one of its segments
-    const FlatSlots flat =
-        detail::flat_slots_of_request(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
-    slots = detail::RequestSlots{flat.first, flat.count};
-    // A request in one CTA's pages was written there, directly (writes_directly): nothing to merge or store.
-    written = flat.count == 1;
-    splits = active && !written ? flat.count : 0;
-  } else {
+  if constexpr (kSlots != kSlotsFlat) {
     if constexpr (kSlots == kSlotsBalanced) {
       slots = detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
     }
     splits = nonempty_splits(length, slots.count);
   }
+
+  detail::griddep_wait();  // the partials come from the split kernel
+
+  bool written = false;
+  if constexpr (kSlots == kSlotsFlat) {
+    // Every slot of the request holds one of its segments: the slots the split CTA holding its first page recorded
+    // (record_request_slots). A request without pages (and an inactive warp: length 0) has none; its record may be
+    // a stale one, never read. A request in one CTA's pages was written there, directly (writes_directly): nothing
+    // to merge or store.
+    slots = detail::RequestSlots{0, 0};
+    if (pages_of(length) > 0) {
+      const int2 recorded = *reinterpret_cast<const int2*>(p.request_slots + 2 * request);
+      slots = detail::RequestSlots{recorded.x, recorded.y};
+    }
+    written = slots.count == 1;
+    splits = written ? 0 : slots.count;
+    slots.count = splits;
+  }
   // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request.
   const int64_t partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);
   const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]
-
-  detail::griddep_wait();  // the partials come from the split kernel
 
   // NOTE: the first round of loads (a split per lane for phase 1, kLoadsInFlight latent rows per warp for
   // phase 2) is issued for the request's slots (< slots.count: inside the workspace) without waiting for

@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   int g0 = 0;
   for (;;) {
   const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] = segment;
+  record_request_slots<kSlots>(p, cursor, segment);
   // Accumulator fragments (m64nN, fp32): warp wi of a warpgroup holds M rows 16·wi + g and
   // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
   // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing (page copies, K and V

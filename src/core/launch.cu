@@ -95,6 +95,12 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
                                  : split_kernel_for<false>(kernel, tile_rows, stages);
 }
 
+// Bytes of the split partials in the workspace (latents, then LSEs), rounded up to 8 for the flat slots' records.
+size_t partials_bytes(const CorePlan& plan, int64_t rows_m) {
+  const size_t bytes = static_cast<size_t>(plan.partial_slots) * rows_m * (kKvLoraRank + 1) * sizeof(float);
+  return (bytes + 7) / 8 * 8;
+}
+
 int slot_mode(const CorePlan& plan) {
   return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
 }
@@ -238,8 +244,9 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                                                                  plan.smem_bytes));
     if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced / flat split kernel's occupancy differs");
   }
-  plan.workspace_bytes =
-      plan.num_splits == 1 ? 0 : static_cast<size_t>(plan.partial_slots) * rows_m * (kKvLoraRank + 1) * sizeof(float);
+  // Partial latents and LSEs, then under flat slots each request's recorded (first slot, count) (8-byte aligned).
+  plan.workspace_bytes = plan.num_splits == 1 ? 0 : partials_bytes(plan, rows_m);
+  if (plan.flat_slots) plan.workspace_bytes += static_cast<size_t>(requests) * 2 * sizeof(int);
   const int64_t entries = shape.rows * shape.heads;
   // Combine: enough warps per (entry, chunk) that each takes at most kCombineLoadsInFlight splits (one round
   // of loads), up to 16 (251 splits: 16 warps of 16 splits); few splits: 1 warp, 4 (entry, chunk) pairs a
@@ -324,6 +331,10 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   if (plan.num_splits > 1) {
     params.partial_latent = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_latent + plan.partial_slots * shape.q * shape.heads * kKvLoraRank;
+    if (plan.flat_slots) {
+      params.request_slots =
+          reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + partials_bytes(plan, shape.q * shape.heads));
+    }
   }
   void* split_args[] = {&params};
   launch_with_pdl(reinterpret_cast<const void*>(
@@ -334,6 +345,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   CombineParams combine;
   combine.partial_latent = params.partial_latent;
   combine.partial_lse = params.partial_lse;
+  combine.request_slots = params.request_slots;
   combine.lengths = args.lengths;
   combine.num_requests = args.num_requests;
   combine.entries_per_request = shape.q * shape.heads;

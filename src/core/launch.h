@@ -70,7 +70,7 @@ struct CorePlan {
                                // >= 2 splits, more than one request and num_splits * requests <= 65535
   int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
-  size_t workspace_bytes = 0;  // device workspace the caller provides (0 when num_splits == 1)
+  size_t workspace_bytes = 0;  // device workspace the caller provides (0 when the split kernel writes the latent)
   int combine_warps_per_entry = 1;  // combine kernel: warps per (entry, 128-dim chunk)
   dim3 combine_grid;                // combine kernel grid and block (unused when num_splits == 1)
   dim3 combine_block;

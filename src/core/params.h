@@ -38,11 +38,14 @@ struct CoreParams {
                                     // at rows (first_slot(r) + s) * q * heads + mi; flat slots: CTA c's segment
                                     // of request r at slot r + c (CorePlan.partial_slots slots)
   float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
+  int* request_slots = nullptr;     // flat slots: [grid_requests] x (first slot, count) of each request with pages,
+                                    // written by the CTA holding its first page, for the combine (no page scan)
 };
 
 struct CombineParams {
   const float* partial_latent = nullptr;  // [slots, q * heads, 512] (CoreParams); only nonempty splits written
   const float* partial_lse = nullptr;     // [slots, q * heads]; likewise
+  const int* request_slots = nullptr;     // flat slots: [grid_requests] x (first slot, count) (CoreParams)
   const int32_t* lengths = nullptr;       // [num_requests] local tokens: which splits hold pages
   int num_requests = 0;                   // requests present in lengths; the others are padding (empty)
   int entries_per_request = 1;            // q * heads
