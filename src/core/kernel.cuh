@@ -985,7 +985,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // phase 2) is issued for the request's slots (< slots.count: inside the workspace) without waiting for
   // `splits`, i.e. for the lengths load above: that load would otherwise sit in series between the split
   // kernel's end and the first partial (~1 µs at 1 x 4k). A split past `splits` wrote nothing this step:
-  // its values are dropped by a select, never weighted by 0 (they may be NaN).
+  // its values are dropped by a select, never weighted by 0 (they may be NaN). Under flat slots the slots
+  // themselves come from the split kernel (one load after the wait; every recorded slot is nonempty).
   const float* latent_of_entry = p.partial_latent + partial_row * kKvLoraRank + dim;  // split s at [s * rows_m * 512]
   const int64_t split_stride = int64_t{rows_m} * kKvLoraRank;
   float round_lse[kLoadsInFlight];
