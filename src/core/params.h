@@ -32,8 +32,9 @@ struct CoreParams {
   float k_scale = 1;             // multiplies the output latent
 
   // ---- Outputs -------------------------------------------------------------------------------------
-  void* latent = nullptr;         // [rows, heads, 512] bf16 (written when num_splits == 1)
-  float* lse = nullptr;           // [rows, heads] fp32 natural log (written when num_splits == 1)
+  void* latent = nullptr;         // [rows, heads, 512] bf16 (written here when num_splits == 1, or under flat
+                                  // slots for a request one CTA holds whole: writes_directly; else by the combine)
+  float* lse = nullptr;           // [rows, heads] fp32 natural log (written likewise)
   float* partial_latent = nullptr;  // [slots, q * heads, 512] fp32, normalized per split: slot s of request r
                                     // at rows (first_slot(r) + s) * q * heads + mi; flat slots: CTA c's segment
                                     // of request r at slot r + c (CorePlan.partial_slots slots)

@@ -55,8 +55,6 @@ LOCAL_MEMORY_ALLOWED = {
         "final store, outside the merge loop (unmeasured; a candidate for a fix)",
     "void mla::core::core_combine_kernel<1>(mla::core::CombineParams)":
         "16 B of stack at 64 registers: the balanced slot lookup's values (unmeasured; a candidate for a fix)",
-    "void mla::core::core_combine_kernel<2>(mla::core::CombineParams)":
-        "as <1>: the flat slot lookup's values",
     "void mla::query::fused_query_kernel<8, 2, false>(mla::query::QueryParams)":
         "64-row tiles, planned only above 64 rows at H < 12 (the GEMM path otherwise): 40 B of stack in an inner "
         "loop at its 168-register cap",
