@@ -412,7 +412,7 @@ TEST(CorePlan, FillsTheMachine) {
     EXPECT_EQ(flat.partial_slots, 4 * shape.rows / shape.q - 1) << shape.q;
   }
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 3}).flat_slots);  // one request
-  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split
+  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split a request too
   // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
   // one request (launch.h).
   constexpr int kWgmma = core::kKernelWgmma;
