@@ -516,6 +516,94 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
   }
 }
 
+// Flat slots merged in the split kernel (CoreParams::tile_counters, CorePlan::merge_in_split). Every thread of the CTA
+// calls this after its segment's stores; a segment that is one of several of its request takes a ticket on the
+// request's M-tile counter, and the CTA holding the last one (every other segment's partial is stored) resets the
+// counter to 0 for the next launch and merges the tile's rows from the request's slots as the combine would: latent
+// = bf16(k_scale * sum_s exp(lse_s - max) * latent_s / sum_s exp(lse_s - max)), lse = max + ln(sum); all slots
+// -inf: latent 0, lse -inf. `scratch`: 2 * kTileRows + 1 floats of shared memory the finished segment no longer
+// reads. Returns after a barrier, so the next segment may reuse them. NOTE: the partials of other CTAs are read
+// with __ldcg (L2): this SM's L1 may hold none of them, but nothing else says so.
+template <int kThreads, int kTileRows>
+__device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const FlatCursor& cursor,
+                                                      const CtaSplit& segment, int tile, int rows_m, float* scratch) {
+  const FlatSlots slots =
+      flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
+  if (slots.count <= 1) return;  // the segment held the whole request: written directly (writes_directly)
+  __threadfence();               // this thread's partial stores, before the CTA's ticket
+  __syncthreads();
+  float* row_max = scratch;
+  float* row_scale = scratch + kTileRows;
+  float* last_flag = scratch + 2 * kTileRows;
+  if (threadIdx.x == 0) {
+    int* counter = p.tile_counters + int64_t{segment.request} * gridDim.x + tile;
+    const bool last = atomicAdd(counter, 1) == slots.count - 1;
+    if (last) *counter = 0;  // every segment of the tile has arrived: nobody else touches it this launch
+    *last_flag = last ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  if (*last_flag == 0.0f) {
+    __syncthreads();  // the flag is read by every thread before a later call rewrites it
+    return;
+  }
+  __threadfence();  // the other segments' partials, seen through their tickets
+  const int tile_row0 = tile * kTileRows;
+  const int rows = min(kTileRows, rows_m - tile_row0);
+  const int64_t slot_row0 = int64_t{slots.first} * rows_m + tile_row0;  // slot s of tile row r: + s * rows_m + r
+  // 1. Per row: the largest LSE and k_scale / sum of exp(lse_s - max); the merged LSE.
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    float max_lse = -INFINITY, sum = 0.0f;
+    for (int s = 0; s < slots.count; ++s) {
+      const float x = __ldcg(p.partial_lse + slot_row0 + int64_t{s} * rows_m + r);
+      if (x > max_lse) {
+        sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
+        max_lse = x;
+      } else if (x != -INFINITY) {
+        sum += __expf(x - max_lse);
+      }
+    }
+    row_max[r] = max_lse;
+    row_scale[r] = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
+    p.lse[segment.entry0 + tile_row0 + r] = sum > 0.0f ? max_lse + logf(sum) : -INFINITY;
+  }
+  __syncthreads();
+  // 2. The latent: (row, 4 dims) items, four a thread in flight.
+  constexpr int kQuads = kKvLoraRank / 4;
+  const int items = rows * kQuads;
+  for (int item0 = threadIdx.x; item0 < items; item0 += 4 * kThreads) {
+    float4 acc[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < slots.count; ++s) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int item = item0 + u * kThreads;
+        if (item >= items) continue;
+        const int r = item / kQuads;
+        const int64_t row = slot_row0 + int64_t{s} * rows_m + r;
+        const float x = __ldcg(p.partial_lse + row);
+        if (row_scale[r] == 0.0f || x == -INFINITY) continue;  // weighs exactly 0 (its latent is never read)
+        const float weight = __expf(x - row_max[r]);
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_latent + row * kKvLoraRank) + item % kQuads);
+        acc[u].x += weight * v.x;
+        acc[u].y += weight * v.y;
+        acc[u].z += weight * v.z;
+        acc[u].w += weight * v.w;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int item = item0 + u * kThreads;
+      if (item >= items) continue;
+      const int r = item / kQuads;
+      const float scale = row_scale[r];
+      store_latent4(p, /*direct=*/true, 0, segment.entry0 + tile_row0 + r, (item % kQuads) * 4, acc[u].x * scale,
+                    acc[u].y * scale, acc[u].z * scale, acc[u].w * scale);
+    }
+  }
+  __syncthreads();  // the scratch rows and the flag may be rewritten by the next segment
+}
+
 // Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
 // kThreads threads, consecutive threads on consecutive chunks of a row: chunk `chunk` of row r lands at
 // dst(r, chunk). Rows past the length are zero-filled (src size 0), never read: the cache may hold
@@ -913,6 +1001,13 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       } else {
         p.partial_lse[partial_row0 + row] = lse;
       }
+    }
+  }
+
+  if constexpr (kSlots == kSlotsFlat) {
+    if (p.tile_counters != nullptr) {  // s_part: free once the segment's pages are done
+      merge_if_last_segment<kNumThreads, kBlockM>(p, cursor, segment, m_tile, rows_m,
+                                                  reinterpret_cast<float*>(smem.s_part));
     }
   }
 

@@ -238,6 +238,8 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
   plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
+  plan.merge_in_split = plan.flat_slots && plan.num_splits <= kMaxSplitsMergedInSplit;
+  plan.tile_counters = plan.merge_in_split ? requests * plan.m_tiles : 0;
   // The balanced and flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
   if (plan.balanced_slots || plan.flat_slots) {
     const KernelFn dealt = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
@@ -339,12 +341,19 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
       params.request_slots =
           reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + partials_bytes(plan, shape.q * shape.heads));
     }
+    if (plan.merge_in_split) {
+      if (args.tile_counters == nullptr) {
+        throw_bad_argument("CoreArgs.tile_counters", std::to_string(plan.tile_counters) +
+                                                         " zeroed ints (CorePlan.merge_in_split)", "null");
+      }
+      params.tile_counters = args.tile_counters;
+    }
   }
   void* split_args[] = {&params};
   launch_with_pdl(reinterpret_cast<const void*>(
                       split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn),
                   plan.grid, dim3(threads_for(plan.kernel)), plan.smem_bytes, stream, split_args, pdl);
-  if (!merges(plan)) return;
+  if (!merges(plan) || plan.merge_in_split) return;
 
   CombineParams combine;
   combine.partial_latent = params.partial_latent;
