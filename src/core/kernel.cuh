@@ -455,7 +455,8 @@ template <int kSlots>
 __device__ __forceinline__ void record_request_slots(const CoreParams& p, const FlatCursor& cursor,
                                                      const CtaSplit& segment) {
   if constexpr (kSlots == kSlotsFlat) {
-    if (segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+    // (Merged in the split kernel, tile_counters: no combine reads them.)
+    if (p.tile_counters == nullptr && segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
       const FlatSlots slots =
           flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
       *reinterpret_cast<int2*>(p.request_slots + 2 * segment.request) = make_int2(slots.first, slots.count);
