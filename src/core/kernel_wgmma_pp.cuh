@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
   if constexpr (kSlots == kSlotsFlat) {
     if (p.tile_counters != nullptr) {  // red: free once the segment's pages are done
-      merge_if_last_segment<kWgThreads, kTileN>(p, cursor, segment, tile, rows_m, &smem.red[0][0][0]);
+      merge_if_last_segment<kWgThreads, kTileN, 8>(p, cursor, segment, tile, rows_m, &smem.red[0][0][0]);
     }
   }
 
