@@ -491,6 +491,29 @@ __device__ __forceinline__ bool writes_directly(const CoreParams& p, int page_be
   return p.num_splits == 1;
 }
 
+// Flat slots merged in the split kernel (tile_counters): a request without pages (length 0, or padding past
+// num_requests) lies in no CTA's range and no combine runs, so CTA (tile, r) of the first grid_requests CTA slots
+// writes request r's tile as the combine would: latent 0, lse -inf. Every thread calls it once the CTA's segments
+// are done (or when it has none); it waits for the previous kernel first (which may still read these outputs).
+template <int kSlots, int kThreads, int kTileRows>
+__device__ __forceinline__ void write_empty_request_tile(const CoreParams& p, int rows_m, int tile) {
+  if constexpr (kSlots == kSlotsFlat) {
+    const int request = static_cast<int>(blockIdx.y);
+    if (p.tile_counters == nullptr || request >= p.grid_requests) return;
+    if (request < p.num_requests && p.lengths[request] > 0) return;
+    griddep_wait();
+    const int tile_row0 = tile * kTileRows;
+    const int rows = min(kTileRows, rows_m - tile_row0);
+    const int64_t entry0 = int64_t{request} * rows_m + tile_row0;
+    constexpr int kQuads = kKvLoraRank / 4;  // 8-byte stores of 4 bf16
+    for (int i = threadIdx.x; i < rows * kQuads; i += kThreads) {
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + (entry0 + i / kQuads) * kKvLoraRank +
+                                (i % kQuads) * 4) = make_uint2(0u, 0u);
+    }
+    for (int r = threadIdx.x; r < rows; r += kThreads) p.lse[entry0 + r] = -INFINITY;
+  }
+}
+
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
 // lo = logical k 0..7 (k 2c + e holds byte 4c + e: the low halves of the 4 words), hi = k 8..15
 // (k 8 + 2c + e holds byte 4c + 2 + e). e4m3 -> f16 is exact.
@@ -685,7 +708,10 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
-  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) return;
+  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) {
+    write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
+    return;
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row
@@ -1037,6 +1063,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   g0 += my_pages;
   if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
+  write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
   // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
   griddep_launch_dependents();
 }

@@ -75,7 +75,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
-  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) return;
+  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) {
+    write_empty_request_tile<kSlots, kWgThreads, kTileN>(p, rows_m, tile);
+    return;
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
@@ -313,6 +316,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   g0 += my_pages;
   if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
+  write_empty_request_tile<kSlots, kWgThreads, kTileN>(p, rows_m, tile);
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
 
