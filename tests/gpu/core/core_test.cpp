@@ -342,8 +342,9 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h16_q1_splits_12", 16, 1, {4097, 65, 1}), 12, 1));
   v.push_back(with(make("h8_q2_splits_30", 8, 2, {3000, 640, 0}), 30));
   v.push_back(with(make("h12_q1_splits_64", 12, 1, {4097, 2000, 63}), 64));
-  // Flat slots merged in the split kernel (<= kMaxSplitsMergedInSplit splits): 64-row ping-pong tiles in two M-tiles
-  // (H 96), a long request over many CTAs next to short ones, an empty and a padded request, q = 2 causal rows.
+  // Flat slots merged in the split kernel (CorePlan::merge_in_split): at one split, 48/64-row ping-pong tiles in two
+  // M-tiles (H 96), a long request over many CTAs next to short ones, an empty and a padded request; at two splits
+  // (merged at 16-row tiles, by the combine at wider ones), q = 2 causal rows.
   v.push_back(with(make("h96_q1_merged_in_split", 96, 1, {6000, 65, 0, 300, 1}), 1, 1));
   v.push_back(with(make("h64_q2_merged_in_split_two_splits", 64, 2, {4097, 63, 2000}), 2));
   {
@@ -427,13 +428,18 @@ TEST(CorePlan, FillsTheMachine) {
   }
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 3}).flat_slots);  // one request
   EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split a request too
-  // Merged in the split kernel up to kMaxSplitsMergedInSplit splits (a counter per request and M-tile), by the
-  // combine above.
-  for (int splits : {1, 2, 3}) {
-    const core::CorePlan plan = core::plan_core({.rows = 8, .heads = 96, .q = 1, .num_splits = splits});
-    EXPECT_EQ(plan.merge_in_split, splits <= core::kMaxSplitsMergedInSplit) << splits;
-    EXPECT_EQ(plan.tile_counters, plan.merge_in_split ? 8 * plan.m_tiles : 0) << splits;
+  // Merged in the split kernel (a counter per request and M-tile) at one split, and at two where M-tiles have at most
+  // kMaxRowsMergedAtTwoSplits rows; by the combine elsewhere.
+  for (int heads : {16, 96}) {
+    for (int splits : {1, 2, 3}) {
+      const core::CorePlan plan = core::plan_core({.rows = 8, .heads = heads, .q = 1, .num_splits = splits});
+      const bool merged = splits == 1 || (splits == 2 && plan.tile_rows <= core::kMaxRowsMergedAtTwoSplits);
+      EXPECT_EQ(plan.merge_in_split, merged) << heads << " heads, " << splits << " splits";
+      EXPECT_EQ(plan.tile_counters, merged ? 8 * plan.m_tiles : 0) << heads << " heads, " << splits << " splits";
+    }
   }
+  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 16, .q = 1, .num_splits = 2}).merge_in_split);   // mma.sync, 16 rows
+  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 96, .q = 1, .num_splits = 2}).merge_in_split);  // 48-row tiles
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 1}).merge_in_split);  // one request
   // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
   // one request (launch.h).
