@@ -172,6 +172,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   uint8_t *cache, *query;
   int32_t *tables, *lengths;
   void *latent, *workspace = nullptr;
+  int* counters = nullptr;  // zeroed once; the core leaves them zero (CoreArgs::tile_counters)
   float* lse;
   MLA_CUDA_CHECK(cudaMalloc(&cache, pool_pages * page_bytes));
   MLA_CUDA_CHECK(cudaMalloc(&query, rows * s.heads * mla::kKeyDim));
@@ -202,6 +203,10 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   shape.num_splits = num_splits;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
+  if (plan.tile_counters > 0) {
+    MLA_CUDA_CHECK(cudaMalloc(&counters, plan.tile_counters * sizeof(int)));
+    MLA_CUDA_CHECK(cudaMemset(counters, 0, plan.tile_counters * sizeof(int)));
+  }
 
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -219,6 +224,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
     args.latent = latent;
     args.lse = lse;
     args.workspace = workspace;
+    args.tile_counters = counters;
     return args;
   };
   const double us = mla::timing::time_graph_us(stream, [&](int i) { mla::core::launch_core(plan, core_args(i), stream); },
@@ -285,6 +291,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   MLA_CUDA_CHECK(cudaFree(latent));
   MLA_CUDA_CHECK(cudaFree(lse));
   if (workspace) MLA_CUDA_CHECK(cudaFree(workspace));
+  if (counters) MLA_CUDA_CHECK(cudaFree(counters));
   return r;
 }
 

@@ -83,6 +83,7 @@ struct Replica {
   float* lse;
   uint8_t* query;
   void* core_workspace = nullptr;
+  int* core_counters = nullptr;  // zeroed once; the core leaves them zero (CoreArgs::tile_counters)
   core::CorePlan core_plan;
 };
 
@@ -147,6 +148,8 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   shape.max_context = c.max_context();
   r->core_plan = core::plan_core(shape);
   if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->arena.alloc<uint8_t>(r->core_plan.workspace_bytes);
+  r->core_counters = r->arena.alloc<int>(r->core_plan.tile_counters);
+  MLA_CUDA_CHECK(cudaMemset(r->core_counters, 0, std::max<size_t>(16, r->core_plan.tile_counters * sizeof(int))));
   return r;
 }
 
@@ -187,6 +190,7 @@ void enqueue_stock(Replica& r, const Config& c, cublasHandle_t cublas, cudaStrea
   args.latent = r.latent;
   args.lse = r.lse;
   args.workspace = r.core_workspace;
+  args.tile_counters = r.core_counters;
   const __nv_bfloat16* latent = r.latent;
   if (stock_attention != nullptr) {
     // The cache is scaled by k_scale in the gather, so the logits take only q_scale / sqrt(192).

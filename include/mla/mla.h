@@ -152,8 +152,10 @@ class PreparedMla {
   void check_step(const StepInputs& step) const;
 
   const LayerDims& dims() const;
-  // Device memory this object allocated: 0 before prepare() and with a caller's workspace; otherwise
-  // workspace_bytes(). The caller's tensors (weights, cache, query scratch, workspace) are not counted.
+  // Device memory this object allocated: 0 before prepare(); then workspace_bytes() unless the caller gave a
+  // workspace, plus the attention core's tile counters where a shape merges its splits in the split kernel (4 bytes
+  // per request and M-tile: a few KB, state kept between steps, so never in the caller's workspace). The caller's
+  // tensors (weights, cache, query scratch, workspace) are not counted.
   size_t device_bytes() const;
   const std::vector<PreparedShape>& shapes() const;
   const PreparedShape& shape(int64_t rows, int q) const;  // unknown (rows, q) is an Error

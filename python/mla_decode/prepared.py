@@ -328,8 +328,9 @@ class PreparedMla:
 
     @property
     def device_bytes(self) -> int:
-        """Device memory the object allocated: 0 before ``prepare_cache`` and with a caller's workspace,
-        else ``workspace_bytes()``. The caller's tensors are not counted."""
+        """Device memory the object allocated: 0 before ``prepare_cache``; then ``workspace_bytes()`` unless the
+        caller gave a workspace, plus the attention core's tile counters where a shape merges its splits in the
+        split kernel (4 bytes a request and M-tile). The caller's tensors are not counted."""
         return int(self._prepared.device_bytes())
 
     def workspace_bytes(self) -> int:

@@ -168,7 +168,7 @@ def test_layers_share_one_workspace():
         layers[1][0].prepare_cache(layers[1][1].cache, workspace=workspace[:layers[1][0].workspace_bytes() - 256])
     for mla, step in layers:
         mla.prepare_cache(step.cache, workspace=workspace)
-        assert mla.device_bytes == 0
+        assert mla.device_bytes <= step.rows * 16 * 4, mla.device_bytes  # at most the core's tile counters
     for mla, step in (layers[0], layers[1], layers[0]):
         step.out.fill_(float("nan"))
         _run_and_check(mla, step)

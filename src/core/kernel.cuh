@@ -454,7 +454,7 @@ __device__ __forceinline__ bool flat_next_segment(const CoreParams& p, FlatCurso
 template <int kSlots>
 __device__ __forceinline__ void record_request_slots(const CoreParams& p, const FlatCursor& cursor,
                                                      const CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) {
+  if constexpr (kSlots == kSlotsFlat) {  // (flat-merged: no combine reads them)
     if (segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
       const FlatSlots slots =
           flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
@@ -467,7 +467,7 @@ __device__ __forceinline__ void record_request_slots(const CoreParams& p, const 
 // under flat ones. False: the CTA writes nothing and exits (an empty split, or past the batch's pages).
 template <int kSlots>
 __device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) {
+  if constexpr (is_flat(kSlots)) {
     cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
     return flat_next_segment(p, cursor, rows_m, segment);
   } else {
@@ -478,7 +478,7 @@ __device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, F
 // Its next segment: only flat slots have more than one.
 template <int kSlots>
 __device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) return flat_next_segment(p, cursor, rows_m, segment);
+  if constexpr (is_flat(kSlots)) return flat_next_segment(p, cursor, rows_m, segment);
   return false;
 }
 
@@ -486,8 +486,31 @@ __device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, Fl
 // or under flat slots a segment holding all of the request's pages (the combine then skips it).
 template <int kSlots>
 __device__ __forceinline__ bool writes_directly(const CoreParams& p, int page_begin, int num_pages, int length) {
-  if constexpr (kSlots == kSlotsFlat) return page_begin == 0 && num_pages == pages_of(length);
+  if constexpr (is_flat(kSlots)) return page_begin == 0 && num_pages == pages_of(length);
   return p.num_splits == 1;
+}
+
+// Flat slots merged in the split kernel (kSlotsFlatMerged): a request without pages (length 0, or padding past
+// num_requests) lies in no CTA's range and no combine runs, so CTA (tile, r) of the first grid_requests CTA slots
+// writes request r's tile as the combine would: latent 0, lse -inf. Every thread calls it once the CTA's segments
+// are done (or when it has none); it waits for the previous kernel first (which may still read these outputs).
+template <int kSlots, int kThreads, int kTileRows>
+__device__ __forceinline__ void write_empty_request_tile(const CoreParams& p, int rows_m, int tile) {
+  if constexpr (kSlots == kSlotsFlatMerged) {
+    const int request = static_cast<int>(blockIdx.y);
+    if (request >= p.grid_requests) return;
+    if (request < p.num_requests && p.lengths[request] > 0) return;
+    griddep_wait();
+    const int tile_row0 = tile * kTileRows;
+    const int rows = min(kTileRows, rows_m - tile_row0);
+    const int64_t entry0 = int64_t{request} * rows_m + tile_row0;
+    constexpr int kQuads = kKvLoraRank / 4;  // 8-byte stores of 4 bf16
+    for (int i = threadIdx.x; i < rows * kQuads; i += kThreads) {
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + (entry0 + i / kQuads) * kKvLoraRank +
+                                (i % kQuads) * 4) = make_uint2(0u, 0u);
+    }
+    for (int r = threadIdx.x; r < rows; r += kThreads) p.lse[entry0 + r] = -INFINITY;
+  }
 }
 
 // The 16 e4m3 bytes of one k16 step of the query as f16, in the permuted k order both kernels use:
@@ -514,6 +537,116 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
     float* dst = p.partial_latent + partial_row * kKvLoraRank + dim;
     *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
   }
+}
+
+// Flat slots merged in the split kernel (CoreParams::tile_counters, CorePlan::merge_in_split). Every thread of the CTA
+// calls this after its segment's stores; a segment that is one of several of its request takes a ticket on the
+// request's M-tile counter, and the CTA holding the last one (every other segment's partial is stored) resets the
+// counter to 0 for the next launch and merges the tile's rows from the request's slots as the combine would: latent
+// = bf16(k_scale * sum_s exp(lse_s - max) * latent_s / sum_s exp(lse_s - max)), lse = max + ln(sum); all slots
+// -inf: latent 0, lse -inf. `scratch`: 2 * kTileRows + 1 floats of shared memory the finished segment no longer
+// reads. Returns after a barrier, so the next segment may reuse them. NOTE: the partials of other CTAs are read
+// with __ldcg (L2): this SM's L1 may hold none of them, but nothing else says so.
+// NOTE: the merge sits on its CTA's path (at the tail of a uniform batch, before the next segment of a varlen one),
+// so its loads go out together: no load waits on another (a slot's LSE and latent rows are loaded side by side and
+// weighed after both land), kItemsInFlight (row, 4-dim) items of two slots at a time a thread. Loading the LSE
+// first and the latent only where it weighs more than 0 made two round trips of every (item batch, slot): 32 at a
+// 64-row tile, ~15 µs.
+template <int kThreads, int kTileRows, int kItemsInFlight>
+__device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const FlatCursor& cursor,
+                                                      const CtaSplit& segment, int tile, int rows_m, float* scratch) {
+  const FlatSlots slots =
+      flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
+  if (slots.count <= 1) return;  // the segment held the whole request: written directly (writes_directly)
+  __threadfence();               // this thread's partial stores, before the CTA's ticket
+  __syncthreads();
+  float* row_max = scratch;
+  float* row_scale = scratch + kTileRows;
+  float* last_flag = scratch + 2 * kTileRows;
+  if (threadIdx.x == 0) {
+    int* counter = p.tile_counters + int64_t{segment.request} * gridDim.x + tile;
+    const bool last = atomicAdd(counter, 1) == slots.count - 1;
+    if (last) *counter = 0;  // every segment of the tile has arrived: nobody else touches it this launch
+    *last_flag = last ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  if (*last_flag == 0.0f) {
+    __syncthreads();  // the flag is read by every thread before a later call rewrites it
+    return;
+  }
+  __threadfence();  // the other segments' partials, seen through their tickets
+  const int tile_row0 = tile * kTileRows;
+  const int rows = min(kTileRows, rows_m - tile_row0);
+  const int64_t slot_row0 = int64_t{slots.first} * rows_m + tile_row0;  // slot s of tile row r: + s * rows_m + r
+  // 1. Per row: the largest LSE and k_scale / sum of exp(lse_s - max); the merged LSE. Four slots' loads at a time.
+  constexpr int kLseInFlight = 4;
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    float max_lse = -INFINITY, sum = 0.0f;
+    for (int s0 = 0; s0 < slots.count; s0 += kLseInFlight) {
+      float x[kLseInFlight];
+#pragma unroll
+      for (int u = 0; u < kLseInFlight; ++u) {
+        x[u] = s0 + u < slots.count ? __ldcg(p.partial_lse + slot_row0 + int64_t{s0 + u} * rows_m + r) : -INFINITY;
+      }
+#pragma unroll
+      for (int u = 0; u < kLseInFlight; ++u) {
+        if (x[u] > max_lse) {
+          sum = sum * __expf(max_lse - x[u]) + 1.0f;  // max_lse = -inf: sum was 0
+          max_lse = x[u];
+        } else if (x[u] != -INFINITY) {
+          sum += __expf(x[u] - max_lse);
+        }
+      }
+    }
+    row_max[r] = max_lse;
+    row_scale[r] = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
+    p.lse[segment.entry0 + tile_row0 + r] = sum > 0.0f ? max_lse + logf(sum) : -INFINITY;
+  }
+  __syncthreads();
+  // 2. The latent: (row, 4 dims) items, kItemsInFlight a thread, two slots' loads at a time (each slot's LSE beside
+  // its latent rows). Every recorded slot's rows were stored this launch (finite: a segment whose rows see nothing
+  // stores zeros), but a slot that weighs 0 is dropped by a select, never multiplied in.
+  constexpr int kQuads = kKvLoraRank / 4;
+  const int items = rows * kQuads;
+  for (int item0 = threadIdx.x; item0 < items; item0 += kItemsInFlight * kThreads) {
+    float4 acc[kItemsInFlight];
+#pragma unroll
+    for (int u = 0; u < kItemsInFlight; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+    for (int s = 0; s < slots.count; ++s) {
+      float x[kItemsInFlight];
+      float4 v[kItemsInFlight];
+#pragma unroll
+      for (int u = 0; u < kItemsInFlight; ++u) {
+        const int item = min(item0 + u * kThreads, items - 1);  // past the last item: a duplicate load, never stored
+        const int64_t row = slot_row0 + int64_t{s} * rows_m + item / kQuads;
+        x[u] = __ldcg(p.partial_lse + row);
+        v[u] = __ldcg(reinterpret_cast<const float4*>(p.partial_latent + row * kKvLoraRank) + item % kQuads);
+      }
+#pragma unroll
+      for (int u = 0; u < kItemsInFlight; ++u) {
+        const int r = min(item0 + u * kThreads, items - 1) / kQuads;
+        const bool weighs = x[u] != -INFINITY && row_scale[r] != 0.0f;
+        const float weight = weighs ? __expf(x[u] - row_max[r]) : 0.0f;
+        if (weighs) {
+          acc[u].x += weight * v[u].x;
+          acc[u].y += weight * v[u].y;
+          acc[u].z += weight * v[u].z;
+          acc[u].w += weight * v[u].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kItemsInFlight; ++u) {
+      const int item = item0 + u * kThreads;
+      if (item >= items) continue;
+      const int r = item / kQuads;
+      const float scale = row_scale[r];
+      store_latent4(p, /*direct=*/true, 0, segment.entry0 + tile_row0 + r, (item % kQuads) * 4, acc[u].x * scale,
+                    acc[u].y * scale, acc[u].z * scale, acc[u].w * scale);
+    }
+  }
+  __syncthreads();  // the scratch rows and the flag may be rewritten by the next segment
 }
 
 // Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
@@ -574,7 +707,10 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
-  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) return;
+  if (!first_segment<kSlots>(p, rows_m, cursor, segment)) {
+    write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
+    return;
+  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kPageSize);  // one arrival per token row
@@ -593,7 +729,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   record_request_slots<kSlots>(p, cursor, segment);
   // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing inside each segment
   // instead of keeping it live across them (as in the ping-pong kernel, where that spilled).
-  const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
+  const uint32_t tid = is_flat(kSlots) ? opaque(threadIdx.x) : threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;  // fragment row group
@@ -916,9 +1052,15 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     }
   }
 
+  if constexpr (kSlots == kSlotsFlatMerged) {  // s_part: free once the segment's pages are done
+    merge_if_last_segment<kNumThreads, kBlockM, 4>(p, cursor, segment, m_tile, rows_m,
+                                                reinterpret_cast<float*>(smem.s_part));
+  }
+
   g0 += my_pages;
   if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
+  write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
   // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
   griddep_launch_dependents();
 }

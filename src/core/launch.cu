@@ -86,10 +86,15 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
 }
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
-  if (slots == kSlotsFlat) {
-    if (kernel == kKernelMmaSync) return mma_kernel_for<kSlotsFlat>(stages);
-    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
-    return pp_kernel_for<kSlotsFlat>(tile_rows, stages);
+  if (is_flat(slots)) {
+    if (kernel != kKernelMmaSync && kernel != kKernelWgmmaPp) {
+      throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
+    }
+    if (slots == kSlotsFlatMerged) {
+      return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlatMerged>(stages)
+                                      : pp_kernel_for<kSlotsFlatMerged>(tile_rows, stages);
+    }
+    return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlat>(stages) : pp_kernel_for<kSlotsFlat>(tile_rows, stages);
   }
   return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
                                  : split_kernel_for<false>(kernel, tile_rows, stages);
@@ -101,8 +106,13 @@ size_t partials_bytes(const CorePlan& plan, int64_t rows_m) {
   return (bytes + 7) / 8 * 8;
 }
 
+// Whether the split kernel writes partials for the combine: more than one split, or flat slots (a request's pages may
+// span CTAs even at one split a request).
+bool merges(const CorePlan& plan) { return plan.num_splits > 1 || plan.flat_slots; }
+
 int slot_mode(const CorePlan& plan) {
-  return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
+  if (plan.flat_slots) return plan.merge_in_split ? kSlotsFlatMerged : kSlotsFlat;
+  return plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
 }
 
 int threads_for(int kernel) {
@@ -227,13 +237,16 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // split and the batch has more than one request: every CTA then holds at most ceil(P / (S·R)) pages however the
   // lengths spread (src/core/README.md, next step 7). The lockstep wgmma kernel (a variant) keeps the balanced deal.
   const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
-  plan.flat_slots = plan.kernel != kKernelWgmma && plan.num_splits >= 2 && requests > 1 && slots_fit_grid;
+  plan.flat_slots = plan.kernel != kKernelWgmma && requests > 1 && slots_fit_grid;
   plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
   plan.grid = plan.balanced_slots || plan.flat_slots
                   ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
   plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
+  plan.merge_in_split = plan.flat_slots && (plan.num_splits == 1 || (plan.num_splits == 2 &&
+                                                                     plan.tile_rows <= kMaxRowsMergedAtTwoSplits));
+  plan.tile_counters = plan.merge_in_split ? requests * plan.m_tiles : 0;
   // The balanced and flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
   if (plan.balanced_slots || plan.flat_slots) {
     const KernelFn dealt = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
@@ -245,7 +258,7 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced / flat split kernel's occupancy differs");
   }
   // Partial latents and LSEs, then under flat slots each request's recorded (first slot, count) (8-byte aligned).
-  plan.workspace_bytes = plan.num_splits == 1 ? 0 : partials_bytes(plan, rows_m);
+  plan.workspace_bytes = !merges(plan) ? 0 : partials_bytes(plan, rows_m);
   if (plan.flat_slots) plan.workspace_bytes += static_cast<size_t>(requests) * 2 * sizeof(int);
   const int64_t entries = shape.rows * shape.heads;
   // Combine: enough warps per (entry, chunk) that each takes at most kCombineLoadsInFlight splits (one round
@@ -328,19 +341,26 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.k_scale = args.k_scale;
   params.latent = args.latent;
   params.lse = args.lse;
-  if (plan.num_splits > 1) {
+  if (merges(plan)) {
     params.partial_latent = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_latent + plan.partial_slots * shape.q * shape.heads * kKvLoraRank;
     if (plan.flat_slots) {
       params.request_slots =
           reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + partials_bytes(plan, shape.q * shape.heads));
     }
+    if (plan.merge_in_split) {
+      if (args.tile_counters == nullptr) {
+        throw_bad_argument("CoreArgs.tile_counters", std::to_string(plan.tile_counters) +
+                                                         " zeroed ints (CorePlan.merge_in_split)", "null");
+      }
+      params.tile_counters = args.tile_counters;
+    }
   }
   void* split_args[] = {&params};
   launch_with_pdl(reinterpret_cast<const void*>(
                       split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn),
                   plan.grid, dim3(threads_for(plan.kernel)), plan.smem_bytes, stream, split_args, pdl);
-  if (plan.num_splits == 1) return;
+  if (!merges(plan) || plan.merge_in_split) return;
 
   CombineParams combine;
   combine.partial_latent = params.partial_latent;

@@ -34,6 +34,13 @@ struct CoreShape {
 // Since flat slots (CorePlan.flat_slots) the planned kernels no longer use it: only the lockstep wgmma kernel (a
 // variant) still deals balanced slots.
 inline constexpr int kMinBalancedSplits = 4;
+// Flat slots merge in the split kernel (CorePlan::merge_in_split) at one planned split, and at two where the M-tile
+// has at most kMaxRowsMergedAtTwoSplits rows: a request then spans few CTAs (about S + 1 at a ±50 % spread) and the
+// CTA that merges it reads their partials, slots x tile rows x 2 KB, on its own path. Measured at two splits (H100,
+// 2026-12-05 ~21:32-21:40 UTC, bench/results/core.md): 16-row tiles 1.00-1.03x against the combine kernel, 64-row
+// tiles 0.96x on a varlen batch (64 x 8k ±50 % x 16 x 4). Elsewhere the combine kernel spreads the merge over the
+// machine.
+inline constexpr int kMaxRowsMergedAtTwoSplits = 16;
 
 // Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
 inline constexpr int kKernelMmaSync = 1;  // version 1: mma.sync, 16-row M tiles (kernel.cuh)
@@ -67,8 +74,11 @@ struct CorePlan {
                                // more than one request and num_splits * requests <= 65535 (grid y)
   bool flat_slots = false;     // the batch's pages flattened over num_splits * requests CTAs across request
                                // boundaries (split_rule.h, flat_cta_range): the mma.sync and ping-pong kernels with
-                               // >= 2 splits, more than one request and num_splits * requests <= 65535
+                               // more than one request and num_splits * requests <= 65535
   int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
+  bool merge_in_split = false; // flat slots at one split (two at <= kMaxRowsMergedAtTwoSplits rows): the segment CTA that finishes a
+                               // request's M-tile last merges it (kernel.cuh, merge_if_last_segment); no combine
+  int64_t tile_counters = 0;   // ints of CoreArgs::tile_counters the merge needs: requests * m_tiles (0: none)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when the split kernel writes the latent)
   int combine_warps_per_entry = 1;  // combine kernel: warps per (entry, 128-dim chunk)
@@ -109,11 +119,15 @@ struct CoreArgs {
   void* latent = nullptr;                // [rows, heads, 512] bf16 out
   float* lse = nullptr;                  // [rows, heads] fp32 natural log out
   void* workspace = nullptr;             // plan.workspace_bytes, 16-byte aligned (may be null if 0)
+  // plan.tile_counters ints (plan.merge_in_split; may be null if 0), zero before the first launch: every launch
+  // leaves them zero. Unlike the workspace they hold state between launches: not scratch anyone else may write, and
+  // one set per stream of launches (PreparedMla owns its own).
+  int* tile_counters = nullptr;
 };
 
 // Launches the split kernel (with `pdl`, PDL-dependent on the previous kernel in `stream`; without,
-// it starts after everything before it completed) and, with more than one split, the combine kernel
-// (PDL-chained). Only launches.
+// it starts after everything before it completed) and, where partials need merging and the split kernel does not
+// merge them itself (merge_in_split), the combine kernel (PDL-chained). Only launches.
 void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl = true);
 
 }  // namespace mla::core

@@ -41,6 +41,8 @@ struct CoreParams {
   float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
   int* request_slots = nullptr;     // flat slots: [grid_requests] x (first slot, count) of each request with pages,
                                     // written by the CTA holding its first page, for the combine (no page scan)
+  int* tile_counters = nullptr;     // flat slots merged in the split kernel (CorePlan::merge_in_split), else null:
+                                    // [grid_requests][m_tiles] segments arrived; zero before and after each launch
 };
 
 struct CombineParams {

@@ -109,16 +109,21 @@ struct PreparedMla::State {
   };
   Region query_region, core_region, latent_region, lse_region;
   size_t workspace_bytes = 0;  // the end of the last region
+  int64_t core_tile_counters = 0;  // the most any shape's core merges with (CorePlan::tile_counters)
 
   // ---- Fixed by prepare() ----
   bool prepared = false;
   CublasHandle cublas;          // the query GEMM path's handle (only if a shape takes that path)
   DeviceMemory own_workspace;   // when prepare() got no caller workspace
+  // The core's tile counters (merges in the split kernel): state between steps, zero before and after each, so
+  // never in the workspace, which the caller may clobber between steps or share with other objects.
+  DeviceMemory core_counters;
   uint8_t* workspace = nullptr; // own_workspace or the caller's
   // Each buffer, or null where it has no bytes (like an empty allocation).
   void* at(const Region& r) const { return r.bytes > 0 ? workspace + r.offset : nullptr; }
   void* query_workspace() const { return at(query_region); }
   void* core_workspace() const { return at(core_region); }
+  int* counters() const { return static_cast<int*>(core_counters.get()); }
   void* latent() const { return at(latent_region); }
   float* lse() const { return static_cast<float*>(at(lse_region)); }
 
@@ -152,6 +157,7 @@ void PreparedMla::State::plan() {
     query_bytes = std::max(query_bytes, k.query.workspace_bytes);
     query_gemm = query_gemm || k.query.path == query::QueryPath::kGemm;
     core_bytes = std::max(core_bytes, k.core.workspace_bytes);
+    core_tile_counters = std::max(core_tile_counters, k.core.tile_counters);
     max_rows = std::max(max_rows, shape.rows);
     max_pitch = std::max(max_pitch, shape.pitch);
     planned_kernels.push_back(k);
@@ -256,7 +262,7 @@ PreparedMla::PreparedMla(const Weights& weights, const LayerDims& dims, const st
 PreparedMla::~PreparedMla() = default;
 
 const LayerDims& PreparedMla::dims() const { return state_->dims; }
-size_t PreparedMla::device_bytes() const { return state_->own_workspace.bytes(); }
+size_t PreparedMla::device_bytes() const { return state_->own_workspace.bytes() + state_->core_counters.bytes(); }
 const std::vector<PreparedShape>& PreparedMla::shapes() const { return state_->shapes; }
 
 const PreparedShape& PreparedMla::shape(int64_t rows, int q) const {
@@ -348,8 +354,9 @@ query::QueryArgs query_args(const Weights& w, const LayerDims& dims, const Prepa
 }
 
 core::CoreArgs core_args(const Weights& w, const StepInputs& step, const void* query, void* latent, float* lse,
-                         void* workspace) {
+                         void* workspace, int* tile_counters) {
   core::CoreArgs core;
+  core.tile_counters = tile_counters;
   core.query = query;
   core.cache = step.cache.data;
   core.stride_cache_page = step.cache.stride[0];
@@ -405,7 +412,7 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
 
   core::launch_core(kernels.core,
                     core_args(w, step, state.query_scratch.data, state.latent(), state.lse(),
-                              state.core_workspace()),
+                              state.core_workspace(), state.counters()),
                     stream);
   mark(2);
 
@@ -454,7 +461,7 @@ void PreparedMla::launch_phase(DcpPhase phase, size_t shape_index, const StepInp
     }
     case DcpPhase::kCore: {
       core::CoreArgs core = core_args(w, step, peers.mailbox[rank], peers.latent[rank], peers.lse[rank],
-                                      state.core_workspace());
+                                      state.core_workspace(), state.counters());
       core.dcp = group.layout();
       core::launch_core(kernels.core, core, stream, /*pdl=*/false);
       return;
@@ -512,6 +519,10 @@ void PreparedMla::prepare(const TensorView& cache, const TensorView& workspace) 
   } else {
     state.own_workspace = DeviceMemory(state.workspace_bytes);
     state.workspace = static_cast<uint8_t*>(state.own_workspace.get());
+  }
+  if (state.core_tile_counters > 0 && state.core_counters.bytes() == 0) {
+    state.core_counters = DeviceMemory(static_cast<size_t>(state.core_tile_counters) * sizeof(int));
+    MLA_CUDA_CHECK(cudaMemset(state.core_counters.get(), 0, state.core_counters.bytes()));
   }
   if (state.query_gemm) state.cublas.create();
   state.prepared = true;

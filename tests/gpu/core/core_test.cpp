@@ -198,12 +198,22 @@ TEST_P(CoreTest, MatchesReference) {
     args.latent = d_latent.get();
     args.lse = d_lse.get();
     args.workspace = d_workspace.get();
+    // Merged in the split kernel (flat slots, few splits): zeroed counters, left zero by every launch. Two launches
+    // with the outputs and the workspace re-poisoned between them, the second one checked: a counter left nonzero
+    // by the first would skip the second's merges and leave poison behind.
+    test::DeviceBuffer<int> d_counters(std::max<int64_t>(plan.tile_counters, 1));
+    d_counters.poison(0);
+    args.tile_counters = plan.merge_in_split ? d_counters.get() : nullptr;
 
-    d_latent.poison();
-    d_lse.poison();
-    core::launch_core(plan, args, nullptr);
-    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int launch = 0; launch < 2; ++launch) {
+      d_workspace.poison();
+      d_latent.poison();
+      d_lse.poison();
+      core::launch_core(plan, args, nullptr);
+      MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     const CoreOutputs got{d_latent.download(), d_lse.download(), plan.num_splits};
+    for (int counter : d_counters.download()) ASSERT_EQ(counter, 0) << "a tile counter left nonzero";
 
     // ---- Compare ------------------------------------------------------------------------------------
     double worst_rel = 0, worst_lse = 0;
@@ -332,6 +342,11 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h16_q1_splits_12", 16, 1, {4097, 65, 1}), 12, 1));
   v.push_back(with(make("h8_q2_splits_30", 8, 2, {3000, 640, 0}), 30));
   v.push_back(with(make("h12_q1_splits_64", 12, 1, {4097, 2000, 63}), 64));
+  // Flat slots merged in the split kernel (CorePlan::merge_in_split): at one split, 48/64-row ping-pong tiles in two
+  // M-tiles (H 96), a long request over many CTAs next to short ones, an empty and a padded request; at two splits
+  // (merged at 16-row tiles, by the combine at wider ones), q = 2 causal rows.
+  v.push_back(with(make("h96_q1_merged_in_split", 96, 1, {6000, 65, 0, 300, 1}), 1, 1));
+  v.push_back(with(make("h64_q2_merged_in_split_two_splits", 64, 2, {4097, 63, 2000}), 2));
   {
     // Flat slots (the planned kernels) and balanced ones (the lockstep wgmma variant: >= kMinBalancedSplits splits,
     // > 1 request) over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k,
@@ -412,7 +427,20 @@ TEST(CorePlan, FillsTheMachine) {
     EXPECT_EQ(flat.partial_slots, 4 * shape.rows / shape.q - 1) << shape.q;
   }
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 3}).flat_slots);  // one request
-  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split
+  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 12, .q = 4, .num_splits = 1}).flat_slots);  // one split a request too
+  // Merged in the split kernel (a counter per request and M-tile) at one split, and at two where M-tiles have at most
+  // kMaxRowsMergedAtTwoSplits rows; by the combine elsewhere.
+  for (int heads : {16, 96}) {
+    for (int splits : {1, 2, 3}) {
+      const core::CorePlan plan = core::plan_core({.rows = 8, .heads = heads, .q = 1, .num_splits = splits});
+      const bool merged = splits == 1 || (splits == 2 && plan.tile_rows <= core::kMaxRowsMergedAtTwoSplits);
+      EXPECT_EQ(plan.merge_in_split, merged) << heads << " heads, " << splits << " splits";
+      EXPECT_EQ(plan.tile_counters, merged ? 8 * plan.m_tiles : 0) << heads << " heads, " << splits << " splits";
+    }
+  }
+  EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 16, .q = 1, .num_splits = 2}).merge_in_split);   // mma.sync, 16 rows
+  EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 96, .q = 1, .num_splits = 2}).merge_in_split);  // 48-row tiles
+  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 1}).merge_in_split);  // one request
   // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
   // one request (launch.h).
   constexpr int kWgmma = core::kKernelWgmma;

@@ -249,7 +249,8 @@ TEST(Pipeline, LayersShareOneWorkspace) {
   }
   for (Layer* l : {&a, &b}) {
     l->mla->prepare(l->device_step->inputs(l->step).cache, shared);
-    EXPECT_EQ(l->mla->device_bytes(), 0u);
+    // Only the core's tile counters, if any: one int per request and M-tile (<= 16 M-tiles).
+    EXPECT_LE(l->mla->device_bytes(), size_t(l->step.rows) * 16 * sizeof(int));
   }
   for (Layer* l : {&a, &b, &a}) {
     l->device_step->upload(l->step);
