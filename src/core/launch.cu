@@ -86,15 +86,10 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
 }
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
-  if (is_flat(slots)) {
-    if (kernel != kKernelMmaSync && kernel != kKernelWgmmaPp) {
-      throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
-    }
-    if (slots == kSlotsFlatMerged) {
-      return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlatMerged>(stages)
-                                      : pp_kernel_for<kSlotsFlatMerged>(tile_rows, stages);
-    }
-    return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlat>(stages) : pp_kernel_for<kSlotsFlat>(tile_rows, stages);
+  if (slots == kSlotsFlat) {
+    if (kernel == kKernelMmaSync) return mma_kernel_for<kSlotsFlat>(stages);
+    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
+    return pp_kernel_for<kSlotsFlat>(tile_rows, stages);
   }
   return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
                                  : split_kernel_for<false>(kernel, tile_rows, stages);
@@ -111,8 +106,7 @@ size_t partials_bytes(const CorePlan& plan, int64_t rows_m) {
 bool merges(const CorePlan& plan) { return plan.num_splits > 1 || plan.flat_slots; }
 
 int slot_mode(const CorePlan& plan) {
-  if (plan.flat_slots) return plan.merge_in_split ? kSlotsFlatMerged : kSlotsFlat;
-  return plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
+  return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
 }
 
 int threads_for(int kernel) {
