@@ -227,9 +227,10 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own
   // holds more than the uniform deal's (src/core/README.md, next step 7). Their S x R CTA slots are the grid's y
   // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
-  // Flat slots (split_rule.h, flat_cta_range) for the mma.sync and ping-pong kernels wherever a request's pages are
-  // split and the batch has more than one request: every CTA then holds at most ceil(P / (S·R)) pages however the
-  // lengths spread (src/core/README.md, next step 7). The lockstep wgmma kernel (a variant) keeps the balanced deal.
+  // Flat slots (split_rule.h, flat_cta_range) for the mma.sync and ping-pong kernels wherever the batch has more than
+  // one request, one planned split included: every CTA then holds at most ceil(P / (S·R)) pages however the lengths
+  // spread (src/core/README.md, next steps 7 and 9). The lockstep wgmma kernel (a variant) keeps the balanced deal.
+  // Where a request has few segments (one split; two at narrow tiles) the split kernel merges them itself.
   const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
   plan.flat_slots = plan.kernel != kKernelWgmma && requests > 1 && slots_fit_grid;
   plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
