@@ -441,6 +441,19 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 16, .q = 1, .num_splits = 2}).merge_in_split);   // mma.sync, 16 rows
   EXPECT_FALSE(core::plan_core({.rows = 8, .heads = 96, .q = 1, .num_splits = 2}).merge_in_split);  // 48-row tiles
   EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 1}).merge_in_split);  // one request
+  {
+    // A merging plan refuses to launch without its counters (state between launches), naming them, before any launch.
+    const core::CorePlan merging = core::plan_core({.rows = 8, .heads = 16, .q = 1, .num_splits = 1});
+    ASSERT_TRUE(merging.merge_in_split);
+    core::CoreArgs args;  // tile_counters null
+    args.num_requests = 8;
+    try {
+      core::launch_core(merging, args, nullptr);
+      ADD_FAILURE() << "launch_core accepted a merging plan without tile counters";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CoreArgs.tile_counters"), std::string::npos) << e.what();
+    }
+  }
   // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
   // one request (launch.h).
   constexpr int kWgmma = core::kKernelWgmma;
