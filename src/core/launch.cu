@@ -101,9 +101,12 @@ size_t partials_bytes(const CorePlan& plan, int64_t rows_m) {
   return (bytes + 7) / 8 * 8;
 }
 
-// Whether the split kernel writes partials for the combine: more than one split, or flat slots (a request's pages may
-// span CTAs even at one split a request).
+// Whether the split kernel writes fp32 partials for a merge (the combine kernel's, or its own: merge_in_split): more
+// than one split, or flat slots (a request's pages may span CTAs even at one split a request).
 bool merges(const CorePlan& plan) { return plan.num_splits > 1 || plan.flat_slots; }
+
+// Whether the split kernel records each request's slots for the combine kernel (flat slots it does not merge itself).
+bool records_slots(const CorePlan& plan) { return plan.flat_slots && !plan.merge_in_split; }
 
 int slot_mode(const CorePlan& plan) {
   return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
@@ -252,9 +255,10 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                                                                  plan.smem_bytes));
     if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced / flat split kernel's occupancy differs");
   }
-  // Partial latents and LSEs, then under flat slots each request's recorded (first slot, count) (8-byte aligned).
+  // Partial latents and LSEs, then for the combine under flat slots each request's recorded (first slot, count)
+  // (8-byte aligned).
   plan.workspace_bytes = !merges(plan) ? 0 : partials_bytes(plan, rows_m);
-  if (plan.flat_slots) plan.workspace_bytes += static_cast<size_t>(requests) * 2 * sizeof(int);
+  if (records_slots(plan)) plan.workspace_bytes += static_cast<size_t>(requests) * 2 * sizeof(int);
   const int64_t entries = shape.rows * shape.heads;
   // Combine: enough warps per (entry, chunk) that each takes at most kCombineLoadsInFlight splits (one round
   // of loads), up to 16 (251 splits: 16 warps of 16 splits); few splits: 1 warp, 4 (entry, chunk) pairs a
@@ -339,7 +343,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   if (merges(plan)) {
     params.partial_latent = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_latent + plan.partial_slots * shape.q * shape.heads * kKvLoraRank;
-    if (plan.flat_slots) {
+    if (records_slots(plan)) {
       params.request_slots =
           reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + partials_bytes(plan, shape.q * shape.heads));
     }

@@ -40,7 +40,8 @@ struct CoreParams {
                                     // of request r at slot r + c (CorePlan.partial_slots slots)
   float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
   int* request_slots = nullptr;     // flat slots: [grid_requests] x (first slot, count) of each request with pages,
-                                    // written by the CTA holding its first page, for the combine (no page scan)
+                                    // written by the CTA holding its first page, for the combine (no page scan);
+                                    // null where the split kernel merges itself (tile_counters)
   int* tile_counters = nullptr;     // flat slots merged in the split kernel (CorePlan::merge_in_split), else null:
                                     // [grid_requests][m_tiles] segments arrived; zero before and after each launch
 };
