@@ -119,9 +119,14 @@ struct WgmmaPpSharedMemoryPlan {
 // How the split kernel's CTA slots are dealt (CorePlan): num_splits each (uniform), by pages with one slot a
 // request at least (balanced, split_rule.h first_slot), or the batch's pages flattened over the CTAs across request
 // boundaries (flat, split_rule.h flat_cta_range; the mma.sync and ping-pong kernels). The combine takes the same mode.
+// Flat-merged: flat slots whose partials the split kernel merges itself (CorePlan::merge_in_split; no combine). Its
+// own instantiation, so that the flat kernels the combine follows carry none of the merge's code (which cost them 1-4 %
+// by register allocation alone at 48/64-row tiles, H100, 2026-12-05).
 inline constexpr int kSlotsUniform = 0;
 inline constexpr int kSlotsBalanced = 1;
 inline constexpr int kSlotsFlat = 2;
+inline constexpr int kSlotsFlatMerged = 3;
+constexpr bool is_flat(int slots) { return slots == kSlotsFlat || slots == kSlotsFlatMerged; }
 
 // Splits: whole pages per split, at most this many (bounds the combine's work per entry).
 inline constexpr int kMaxSplits = 1024;

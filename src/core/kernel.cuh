@@ -454,9 +454,8 @@ __device__ __forceinline__ bool flat_next_segment(const CoreParams& p, FlatCurso
 template <int kSlots>
 __device__ __forceinline__ void record_request_slots(const CoreParams& p, const FlatCursor& cursor,
                                                      const CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) {
-    // (Merged in the split kernel, tile_counters: no combine reads them.)
-    if (p.tile_counters == nullptr && segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+  if constexpr (kSlots == kSlotsFlat) {  // (flat-merged: no combine reads them)
+    if (segment.page_begin == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
       const FlatSlots slots =
           flat_request_slots(segment.request, cursor.request_begin, pages_of(segment.length), cursor.pages_per_cta);
       *reinterpret_cast<int2*>(p.request_slots + 2 * segment.request) = make_int2(slots.first, slots.count);
@@ -468,7 +467,7 @@ __device__ __forceinline__ void record_request_slots(const CoreParams& p, const 
 // under flat ones. False: the CTA writes nothing and exits (an empty split, or past the batch's pages).
 template <int kSlots>
 __device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) {
+  if constexpr (is_flat(kSlots)) {
     cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
     return flat_next_segment(p, cursor, rows_m, segment);
   } else {
@@ -479,7 +478,7 @@ __device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, F
 // Its next segment: only flat slots have more than one.
 template <int kSlots>
 __device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
-  if constexpr (kSlots == kSlotsFlat) return flat_next_segment(p, cursor, rows_m, segment);
+  if constexpr (is_flat(kSlots)) return flat_next_segment(p, cursor, rows_m, segment);
   return false;
 }
 
@@ -487,19 +486,19 @@ __device__ __forceinline__ bool next_segment(const CoreParams& p, int rows_m, Fl
 // or under flat slots a segment holding all of the request's pages (the combine then skips it).
 template <int kSlots>
 __device__ __forceinline__ bool writes_directly(const CoreParams& p, int page_begin, int num_pages, int length) {
-  if constexpr (kSlots == kSlotsFlat) return page_begin == 0 && num_pages == pages_of(length);
+  if constexpr (is_flat(kSlots)) return page_begin == 0 && num_pages == pages_of(length);
   return p.num_splits == 1;
 }
 
-// Flat slots merged in the split kernel (tile_counters): a request without pages (length 0, or padding past
+// Flat slots merged in the split kernel (kSlotsFlatMerged): a request without pages (length 0, or padding past
 // num_requests) lies in no CTA's range and no combine runs, so CTA (tile, r) of the first grid_requests CTA slots
 // writes request r's tile as the combine would: latent 0, lse -inf. Every thread calls it once the CTA's segments
 // are done (or when it has none); it waits for the previous kernel first (which may still read these outputs).
 template <int kSlots, int kThreads, int kTileRows>
 __device__ __forceinline__ void write_empty_request_tile(const CoreParams& p, int rows_m, int tile) {
-  if constexpr (kSlots == kSlotsFlat) {
+  if constexpr (kSlots == kSlotsFlatMerged) {
     const int request = static_cast<int>(blockIdx.y);
-    if (p.tile_counters == nullptr || request >= p.grid_requests) return;
+    if (request >= p.grid_requests) return;
     if (request < p.num_requests && p.lengths[request] > 0) return;
     griddep_wait();
     const int tile_row0 = tile * kTileRows;
@@ -730,7 +729,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   record_request_slots<kSlots>(p, cursor, segment);
   // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing inside each segment
   // instead of keeping it live across them (as in the ping-pong kernel, where that spilled).
-  const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
+  const uint32_t tid = is_flat(kSlots) ? opaque(threadIdx.x) : threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;  // fragment row group
@@ -1053,11 +1052,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     }
   }
 
-  if constexpr (kSlots == kSlotsFlat) {
-    if (p.tile_counters != nullptr) {  // s_part: free once the segment's pages are done
-      merge_if_last_segment<kNumThreads, kBlockM, 4>(p, cursor, segment, m_tile, rows_m,
-                                                  reinterpret_cast<float*>(smem.s_part));
-    }
+  if constexpr (kSlots == kSlotsFlatMerged) {  // s_part: free once the segment's pages are done
+    merge_if_last_segment<kNumThreads, kBlockM, 4>(p, cursor, segment, m_tile, rows_m,
+                                                reinterpret_cast<float*>(smem.s_part));
   }
 
   g0 += my_pages;

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
   // NOTE: opaque per segment under flat slots, so that ptxas derives the per-thread addressing (page copies, K and V
   // fragments) inside each segment instead of hoisting it across them, where it spilled (64-row tiles: 88 B of stack).
-  const uint32_t tid = kSlots == kSlotsFlat ? opaque(threadIdx.x) : threadIdx.x;
+  const uint32_t tid = is_flat(kSlots) ? opaque(threadIdx.x) : threadIdx.x;
   const int wg = tid / 128;
   const int wt = tid % 128;  // thread within the warpgroup
   const int wi = wt / 32;
@@ -307,10 +307,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
 
   // ---- Phase 5: stores ---------------------------------------------------------------------------
   store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
-  if constexpr (kSlots == kSlotsFlat) {
-    if (p.tile_counters != nullptr) {  // red: free once the segment's pages are done
-      merge_if_last_segment<kWgThreads, kTileN, 8>(p, cursor, segment, tile, rows_m, &smem.red[0][0][0]);
-    }
+  if constexpr (kSlots == kSlotsFlatMerged) {  // red: free once the segment's pages are done
+    merge_if_last_segment<kWgThreads, kTileN, 8>(p, cursor, segment, tile, rows_m, &smem.red[0][0][0]);
   }
 
   g0 += my_pages;

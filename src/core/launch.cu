@@ -86,10 +86,15 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
 }
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
-  if (slots == kSlotsFlat) {
-    if (kernel == kKernelMmaSync) return mma_kernel_for<kSlotsFlat>(stages);
-    if (kernel != kKernelWgmmaPp) throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
-    return pp_kernel_for<kSlotsFlat>(tile_rows, stages);
+  if (is_flat(slots)) {
+    if (kernel != kKernelMmaSync && kernel != kKernelWgmmaPp) {
+      throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
+    }
+    if (slots == kSlotsFlatMerged) {
+      return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlatMerged>(stages)
+                                      : pp_kernel_for<kSlotsFlatMerged>(tile_rows, stages);
+    }
+    return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlat>(stages) : pp_kernel_for<kSlotsFlat>(tile_rows, stages);
   }
   return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
                                  : split_kernel_for<false>(kernel, tile_rows, stages);
@@ -109,7 +114,8 @@ bool merges(const CorePlan& plan) { return plan.num_splits > 1 || plan.flat_slot
 bool records_slots(const CorePlan& plan) { return plan.flat_slots && !plan.merge_in_split; }
 
 int slot_mode(const CorePlan& plan) {
-  return plan.flat_slots ? kSlotsFlat : plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
+  if (plan.flat_slots) return plan.merge_in_split ? kSlotsFlatMerged : kSlotsFlat;
+  return plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
 }
 
 int threads_for(int kernel) {

@@ -48,8 +48,11 @@ LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_pp_kernel<64, 3, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
     "void mla::core::core_wgmma_pp_kernel<64, 3, 2>(mla::core::CoreParams)":
-        "the flat-slot 64-row tile: 56-64 B of stack, the segment walk's state (and the merge of a request's last segment) beside the page loop's 255 registers",
+        "the flat-slot 64-row tile: 56 B of stack, the segment walk's state beside the page loop's 255 registers",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 2>(mla::core::CoreParams)": "as <64, 3, 2>",
+    "void mla::core::core_wgmma_pp_kernel<64, 3, 3>(mla::core::CoreParams)":
+        "the flat-merged 64-row tile (one split): 64 B of stack, as <64, 3, 2> plus the merge's state",
+    "void mla::core::core_wgmma_pp_kernel<64, 2, 3>(mla::core::CoreParams)": "as <64, 3, 3>",
     "void mla::core::core_combine_kernel<0>(mla::core::CombineParams)":
         "8 B of stack at ptxas' 64-register allocation: one value stored after the PDL wait and reloaded for the "
         "final store, outside the merge loop (unmeasured; a candidate for a fix)",
