@@ -120,8 +120,8 @@ struct WgmmaPpSharedMemoryPlan {
 // request at least (balanced, split_rule.h first_slot), or the batch's pages flattened over the CTAs across request
 // boundaries (flat, split_rule.h flat_cta_range; the mma.sync and ping-pong kernels). The combine takes the same mode.
 // Flat-merged: flat slots whose partials the split kernel merges itself (CorePlan::merge_in_split; no combine). Its
-// own instantiation, so that the flat kernels the combine follows carry none of the merge's code (which cost them 1-4 %
-// by register allocation alone at 48/64-row tiles, H100, 2026-12-05).
+// own instantiation, so that the flat kernels the combine follows carry none of the merge's code (which cost them 1-3 %
+// by register allocation alone at 48/64-row tiles: H100, 2026-12-05, bench/results/core.md ~23:13).
 inline constexpr int kSlotsUniform = 0;
 inline constexpr int kSlotsBalanced = 1;
 inline constexpr int kSlotsFlat = 2;
