@@ -148,8 +148,10 @@ std::unique_ptr<Replica> make_replica(const Config& c, const synth::SyntheticLay
   shape.max_context = c.max_context();
   r->core_plan = core::plan_core(shape);
   if (r->core_plan.workspace_bytes > 0) r->core_workspace = r->arena.alloc<uint8_t>(r->core_plan.workspace_bytes);
-  r->core_counters = r->arena.alloc<int>(r->core_plan.tile_counters);
-  MLA_CUDA_CHECK(cudaMemset(r->core_counters, 0, std::max<size_t>(16, r->core_plan.tile_counters * sizeof(int))));
+  if (r->core_plan.tile_counters > 0) {
+    r->core_counters = r->arena.alloc<int>(r->core_plan.tile_counters);
+    MLA_CUDA_CHECK(cudaMemset(r->core_counters, 0, r->core_plan.tile_counters * sizeof(int)));
+  }
   return r;
 }
 
