@@ -10,7 +10,7 @@
    before the first ACQBULK.
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
    LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
-   in a benchmark.
+   in a benchmark; and every kernel listed there is built and does touch it (no stale excuses).
 
 usage: kernel_sass.py CUOBJDUMP_DIR LIBRARY...   (exit 77 = skipped: no cuobjdump/nvdisasm)
 """
@@ -136,6 +136,16 @@ def main():
             print(line + (f": allowed, {why}" if why else ""))
             if why is None:
                 failures.append("local memory: " + line + " (spills? see ptxas -v; or list it with the reason)")
+    # 3. The list itself: an entry whose kernel is gone or no longer touches local memory is stale (its reason
+    #    would excuse a later spill unseen).
+    local_users = {readable[name] for name, body in all_kernels
+                   if any(opcode(ins).startswith(("STL", "LDL")) for ins in body)}
+    built = set(readable.values())
+    for listed in LOCAL_MEMORY_ALLOWED:
+        if listed not in built:
+            failures.append(f"LOCAL_MEMORY_ALLOWED lists {listed}, which is not built (renamed? remove it)")
+        elif listed not in local_users:
+            failures.append(f"LOCAL_MEMORY_ALLOWED lists {listed}, which uses no local memory now (remove it)")
     if waits_checked == 0:
         print("FAILED: no kernel matched a PDL-wait rule (renamed kernels? update RULES)")
         return 1
