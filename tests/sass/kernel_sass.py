@@ -111,7 +111,7 @@ def main():
         print("FAILED: no kernel in " + " ".join(libraries))
         return 1
     readable = demangle([name for name, _ in all_kernels])
-    failures, waits_checked = [], 0
+    failures, waits_checked, local_users = [], 0, set()
     for name, body in all_kernels:
         ops = [opcode(ins) for ins in body]
         # 1. Loads before the PDL wait.
@@ -131,6 +131,7 @@ def main():
         # 2. Local memory.
         local = sum(1 for op in ops if op.startswith(("STL", "LDL")))
         if local:
+            local_users.add(readable[name])
             why = LOCAL_MEMORY_ALLOWED.get(readable[name])
             line = f"{readable[name]}: {local} local-memory instructions (STL/LDL)"
             print(line + (f": allowed, {why}" if why else ""))
@@ -138,8 +139,6 @@ def main():
                 failures.append("local memory: " + line + " (spills? see ptxas -v; or list it with the reason)")
     # 3. The list itself: an entry whose kernel is gone or no longer touches local memory is stale (its reason
     #    would excuse a later spill unseen).
-    local_users = {readable[name] for name, body in all_kernels
-                   if any(opcode(ins).startswith(("STL", "LDL")) for ins in body)}
     built = set(readable.values())
     for listed in LOCAL_MEMORY_ALLOWED:
         if listed not in built:
