@@ -6,8 +6,9 @@
 #   ab NAME BASE NEW BENCH [ARGS]    scripts/bench_compare.sh run BENCH ARGS, NEW's binaries against BASE's (RUNS,
 #                                    default 2, interleaved); the before/after table is printed last
 #   run NAME COMMAND...              any command (e.g. a core_bench sweep or ncu), its output in NAME.log
-# Blank lines and lines starting with # are skipped; the steps' stdin is /dev/null (the plan is read from stdin). A step that would start after LIMIT seconds (default 500) is
-# skipped and says so, so that a call under the device's time limit still brings back what it ran.
+# Blank lines and lines starting with # are skipped; the steps read /dev/null (the plan itself is the loop's stdin).
+# A step that would start after LIMIT seconds (default 500) is skipped and says so, so that a call under the
+# device's time limit still brings back what it ran.
 #   here:   scripts/pack_builds.sh main=main new=my-branch && write plan.txt
 #   there:  scripts/device_plan.sh build-pack/plan.txt
 set -uo pipefail
@@ -22,13 +23,12 @@ summary=() tables=()
 while read -r kind name rest; do
   [[ -z $kind || $kind == \#* ]] && continue
   if ((SECONDS > limit)); then
-    summary+=("$kind $name: skipped (${SECONDS} s > LIMIT=$limit)")
+    summary+=("$(printf '%-6s %-24s skipped: %d s > LIMIT=%d' "$kind" "$name" "$SECONDS" "$limit")")
     continue
   fi
   start=$SECONDS
   case "$kind" in
     tests)
-      # shellcheck disable=SC2086  # the families are words
       FAMILIES="$rest" BUILD_DIR="$name" OUT="$out/logs/tests-$name" scripts/gpu_check.sh tests \
         < /dev/null > "$out/logs/tests-$name.log" 2>&1
       rc=$?
