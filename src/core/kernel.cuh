@@ -1076,6 +1076,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 template <int kSlots>
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
+  __shared__ float2 warp_max_sum[kCombineMaxWarps];  // uniform deal: each warp's (running max, sum of weights)
   constexpr int kChunks = kKvLoraRank / kCombineDims;
   constexpr int kLoadsInFlight = kCombineLoadsInFlight;
   const int warp = threadIdx.x / 32;
@@ -1144,58 +1145,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   };
   const float first_lse = lane < slots.count ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
   load_round(group_warp, slots.count);
-
-  // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
-  float max_lse = -INFINITY, sum = 0.0f;
-  auto add_lse = [&](float x) {
-    if (x > max_lse) {
-      sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
-      max_lse = x;
-    } else if (x != -INFINITY) {
-      sum += __expf(x - max_lse);
-    }
-  };
-  add_lse(lane < splits ? first_lse : -INFINITY);
-  for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[int64_t{s} * rows_m]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
-    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, off);
-    const float m = fmaxf(max_lse, other_max);
-    sum = m == -INFINITY ? 0.0f : sum * __expf(max_lse - m) + other_sum * __expf(other_max - m);
-    max_lse = m;
-  }
-  const float base = max_lse == -INFINITY ? 0.0f : max_lse;
-
-  // Phase 2: this warp's splits, weighted, a round of kLoadsInFlight latent rows at a time (the first
-  // loaded above).
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
-    if (s0 != group_warp) load_round(s0, splits);
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const bool nonempty = s0 + u * p.warps_per_entry < splits;
-      const float weight = nonempty ? __expf(round_lse[u] - base) : 0.0f;  // -inf -> 0
-      const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
-      acc.x += weight * v.x;
-      acc.y += weight * v.y;
-      acc.z += weight * v.z;
-      acc.w += weight * v.w;
-    }
-  }
-  partial_sums[warp][lane] = acc;
-  __syncthreads();
-
-  // Phase 3: the group's first warp sums its warps, scales, stores.
-  if (active && !written && group_warp == 0) {
-    float4 total = acc;
-    for (int w = 1; w < p.warps_per_entry; ++w) {
-      const float4 v = partial_sums[warp + w][lane];
-      total.x += v.x;
-      total.y += v.y;
-      total.z += v.z;
-      total.w += v.w;
-    }
+  // The group's first warp: the merged latent chunk (sum of weights `sum` against the reference max `max_lse`) and LSE.
+  auto store_combined = [&](const float4& total, float sum, float max_lse) {
     // NOTE: __fdividef (2 ulp; sum is in [1, splits]), not /: the IEEE division's slow-path call made ptxas spill.
     const float scale = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
     __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * scale, total.y * scale);
@@ -1204,7 +1155,122 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     packed.x = *reinterpret_cast<uint32_t*>(&lo);
     packed.y = *reinterpret_cast<uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-    if (dim == 0) p.lse[entry] = sum > 0.0f ? base + logf(sum) : -INFINITY;
+    if (dim == 0) p.lse[entry] = sum > 0.0f ? max_lse + logf(sum) : -INFINITY;
+  };
+  if constexpr (kSlots == kSlotsUniform) {
+    // One request (up to kMaxSplits splits, two or more rounds a warp at > 128): no pass over all the LSEs before the
+    // first weighed row. Each warp folds its own splits into a running max round by round (the split kernels' merge
+    // of pages), and the group's first warp brings the G warps' sums to their common max. Measured (H100, 2026-12-06,
+    // src/core/README.md next step 9): one-request cores 1.02-1.05x; the flat deal's small batches lost up to 10 %
+    // with it (one round of few splits a warp, where one LSE a lane and five shuffles are cheaper), so they keep the
+    // LSE pass below.
+    (void)first_lse;
+    float warp_max = -INFINITY, warp_sum = 0.0f;  // this warp's running max and sum of weights against it
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
+      if (s0 != group_warp) load_round(s0, splits);
+      float round_max = warp_max;
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        if (s0 + u * p.warps_per_entry < splits) round_max = fmaxf(round_max, round_lse[u]);
+      }
+      if (round_max == -INFINITY) continue;  // a round of rows that see no token (every LSE -inf): all stays 0
+      const float rescale = __expf(warp_max - round_max);  // warp_max = -inf: 0 (sum and acc are 0 too)
+      warp_sum *= rescale;
+      acc.x *= rescale;
+      acc.y *= rescale;
+      acc.z *= rescale;
+      acc.w *= rescale;
+      warp_max = round_max;
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const bool nonempty = s0 + u * p.warps_per_entry < splits;
+        const float weight = nonempty ? __expf(round_lse[u] - round_max) : 0.0f;  // -inf -> 0
+        const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
+        warp_sum += weight;
+        acc.x += weight * v.x;
+        acc.y += weight * v.y;
+        acc.z += weight * v.z;
+        acc.w += weight * v.w;
+      }
+    }
+    partial_sums[warp][lane] = acc;
+    if (lane == 0) warp_max_sum[warp] = make_float2(warp_max, warp_sum);
+    __syncthreads();
+
+    if (active && group_warp == 0) {
+      float max_lse = warp_max;
+      for (int w = 1; w < p.warps_per_entry; ++w) max_lse = fmaxf(max_lse, warp_max_sum[warp + w].x);
+      float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+      float sum = 0.0f;
+      if (max_lse != -INFINITY) {
+        for (int w = 0; w < p.warps_per_entry; ++w) {
+          const float2 max_sum = warp_max_sum[warp + w];
+          const float4 v = partial_sums[warp + w][lane];
+          const float weight = __expf(max_sum.x - max_lse);  // a warp without a weighed split: -inf -> 0
+          sum += weight * max_sum.y;
+          total.x += weight * v.x;
+          total.y += weight * v.y;
+          total.z += weight * v.z;
+          total.w += weight * v.w;
+        }
+      }
+      store_combined(total, sum, max_lse);
+    }
+  } else {
+    // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
+    float max_lse = -INFINITY, sum = 0.0f;
+    auto add_lse = [&](float x) {
+      if (x > max_lse) {
+        sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
+        max_lse = x;
+      } else if (x != -INFINITY) {
+        sum += __expf(x - max_lse);
+      }
+    };
+    add_lse(lane < splits ? first_lse : -INFINITY);
+    for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[int64_t{s} * rows_m]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
+      const float other_sum = __shfl_xor_sync(0xffffffffu, sum, off);
+      const float m = fmaxf(max_lse, other_max);
+      sum = m == -INFINITY ? 0.0f : sum * __expf(max_lse - m) + other_sum * __expf(other_max - m);
+      max_lse = m;
+    }
+    const float base = max_lse == -INFINITY ? 0.0f : max_lse;
+
+    // Phase 2: this warp's splits, weighted, a round of kLoadsInFlight latent rows at a time (the first
+    // loaded above).
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
+      if (s0 != group_warp) load_round(s0, splits);
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const bool nonempty = s0 + u * p.warps_per_entry < splits;
+        const float weight = nonempty ? __expf(round_lse[u] - base) : 0.0f;  // -inf -> 0
+        const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
+        acc.x += weight * v.x;
+        acc.y += weight * v.y;
+        acc.z += weight * v.z;
+        acc.w += weight * v.w;
+      }
+    }
+    partial_sums[warp][lane] = acc;
+    __syncthreads();
+
+    // Phase 3: the group's first warp sums its warps, scales, stores.
+    if (active && !written && group_warp == 0) {
+      float4 total = acc;
+      for (int w = 1; w < p.warps_per_entry; ++w) {
+        const float4 v = partial_sums[warp + w][lane];
+        total.x += v.x;
+        total.y += v.y;
+        total.z += v.z;
+        total.w += v.w;
+      }
+      store_combined(total, sum, base);
+    }
   }
   detail::griddep_launch_dependents();
 }

@@ -53,9 +53,6 @@ LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_pp_kernel<64, 3, 3>(mla::core::CoreParams)":
         "the flat-merged 64-row tile (one split): 64 B of stack, as <64, 3, 2> plus the merge's state",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 3>(mla::core::CoreParams)": "as <64, 3, 3>",
-    "void mla::core::core_combine_kernel<0>(mla::core::CombineParams)":
-        "8 B of stack at ptxas' 64-register allocation: one value stored after the PDL wait and reloaded for the "
-        "final store, outside the merge loop (unmeasured; a candidate for a fix)",
     "void mla::core::core_combine_kernel<1>(mla::core::CombineParams)":
         "16 B of stack at 64 registers: the balanced slot lookup's values (unmeasured; a candidate for a fix)",
     "void mla::query::fused_query_kernel<8, 2, false>(mla::query::QueryParams)":

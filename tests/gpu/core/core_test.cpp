@@ -342,6 +342,11 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h16_q1_splits_12", 16, 1, {4097, 65, 1}), 12, 1));
   v.push_back(with(make("h8_q2_splits_30", 8, 2, {3000, 640, 0}), 30));
   v.push_back(with(make("h12_q1_splits_64", 12, 1, {4097, 2000, 63}), 64));
+  // More splits than a combine group's warps take in one round (16 warps x 8 rows): one request, whose combine warps
+  // fold two or three rounds each into a running max; three requests under flat slots, ~550 CTA slots of one-page
+  // segments.
+  v.push_back(with(make("h12_q1_splits_300", 12, 1, {70000}), 300));
+  v.push_back(with(make("h8_q1_flat_slots_550", 8, 1, {70000, 5000, 1}), 300));
   // Flat slots merged in the split kernel (CorePlan::merge_in_split): at one split, 48/64-row ping-pong tiles in two
   // M-tiles (H 96), a long request over many CTAs next to short ones, an empty and a padded request; at two splits
   // (merged at 16-row tiles, by the combine at wider ones), q = 2 causal rows.
