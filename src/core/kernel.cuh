@@ -768,7 +768,12 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     }
     ++issued;
   };
-  for (int k = 0; k < min(kStages, my_pages); ++k) issue_next_page();
+  // NOTE: the CTA's first segment requests its first page alone and the rest of the ring once that page has landed
+  // (3a): every CTA of the grid asks at once, and the split's pages stream at the rate of its per-page chain (about
+  // the copy bandwidth's share of a CTA: README next step 10), so a CTA whose first page lands late stays late to
+  // the end. Asking for one page each first lets every first page land after ~half the burst's time.
+  const int first_issue = g0 == 0 ? 1 : kStages;
+  for (int k = 0; k < min(first_issue, my_pages); ++k) issue_next_page();
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
   // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
@@ -818,6 +823,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   for (int it = 0; it < my_pages; ++it) {
     const int stage = (g0 + it) % kStages;
     mbar_wait(&smem.full[stage], ((g0 + it) / kStages) & 1);
+    if (it == 0) {
+      while (issued < min(kStages, my_pages)) issue_next_page();  // the rest of the first segment's ring
+    }
     const uint8_t* kv = &smem.kv[stage][0][0];
 
     // 3a. S = Q·K^T for this warp's 16 tokens (two n8 tiles) over its half of the 36 k16 steps: f16
