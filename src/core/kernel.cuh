@@ -1075,9 +1075,11 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
 // ---- Combine: merge the splits' partials by LSE (DESIGN.md §4, split-KV) -------------------------
 // A group of p.warps_per_entry warps merges one (entry, 128-dim chunk): warp w of the group takes the
-// request's nonempty splits w, w + G, ... (G = warps_per_entry), eight loads in flight, lane holds 4 dims;
-// the group's first warp sums the G partial sums. Block: max(G, kCombineMinWarps) warps; grid: x = the
-// groups (entries * 4) over the groups of a block.
+// request's nonempty splits w, w + G, ... (G = warps_per_entry), eight loads in flight, lane holds 4 dims,
+// weighted against the entry's largest LSE (one pass over the LSEs first; several requests) or against a running
+// max of the warp's own (one request: the uniform deal); the group's first warp sums the G partial sums (brought to
+// their common max). Block: max(G, kCombineMinWarps) warps; grid: x = the groups (entries * 4) over the groups of
+// a block.
 // Splits past nonempty_splits() wrote nothing: only the first round of loads may read them (inside the
 // workspace) and drops them by a select; a nonempty split whose rows see no token has lse -inf and weighs
 // exactly 0; no nonempty split => latent 0 and lse -inf. kSlots: the split kernel's deal (kSlotsUniform, ...).
@@ -1169,10 +1171,10 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     // One request (up to kMaxSplits splits, two or more rounds a warp at > 128): no pass over all the LSEs before the
     // first weighed row. Each warp folds its own splits into a running max round by round (the split kernels' merge
     // of pages), and the group's first warp brings the G warps' sums to their common max. Measured (H100, 2026-12-06,
-    // src/core/README.md next step 9): one-request cores 1.02-1.05x; the flat deal's small batches lost up to 10 %
+    // src/core/README.md next step 9): one-request cores 1.005-1.073x; the flat deal's small batches lost up to 10 %
     // with it (one round of few splits a warp, where one LSE a lane and five shuffles are cheaper), so they keep the
     // LSE pass below.
-    (void)first_lse;
+    (void)first_lse;  // the pass's first LSEs: unused here (ptxas drops the load)
     float warp_max = -INFINITY, warp_sum = 0.0f;  // this warp's running max and sum of weights against it
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
