@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
         for (int row_tile : {planned_tile, 32, 64}) {
           if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) continue;
           if (row_tile == 64 && planned_tile == 64) continue;
-          for (int cluster : {1, 2, 4, 8}) {
+          for (int cluster : {1, 2, 3, 4, 6, 8}) {
             query::QueryPlan plan;
             try {
               plan = query::make_query_plan(rows, H, {.path = 1, .cluster_size = cluster, .row_tile = row_tile});

@@ -26,14 +26,17 @@ constexpr int proj_smem_stride(int split_len) { return split_len + (split_len % 
 
 // ---- Fused kernel: one cluster of C CTAs per (head, row tile) -----------------------------------
 // CTA r of a cluster owns the K slice [r*1536/C, (r+1)*1536/C) of the head's q_b_proj rows (one
-// 16-feature tile per warp: 12 warps = the head's 192 features) and the latent columns
-// [r*512/C, (r+1)*512/C) of the absorption; the C partial q tiles are summed through distributed
-// shared memory, so a head's q never leaves the cluster.
+// 16-feature tile per warp: 12 warps = the head's 192 features) and the 16-column tiles
+// [r*32/C, (r+1)*32/C) of the absorption's 512 latent columns (C = 3 and 6 deal them 10-11 and 5-6 a
+// rank); the C partial q tiles are summed through distributed shared memory, so a head's q never
+// leaves the cluster.
 inline constexpr int kFusedWarps = kTilesPerHead;  // 12
 inline constexpr int kFusedThreads = kFusedWarps * 32;
 inline constexpr int kFusedPrefetch = 8;            // 32-k chunks in flight per warp (8 KB per warp)
 inline constexpr int kPartialStride = kQkHeadDim + 4;  // fp32; rows 2t apart land 8t banks apart
 inline constexpr size_t kMaxSmemPerCta = 227 * 1024;
+inline constexpr int kColTile = 16;                          // absorption m-tile (latent columns)
+inline constexpr int kColTiles = kKvLoraRank / kColTile;     // 32
 
 // The fused kernel's timeline marks (MLA_TIMELINE builds): each is recorded when the phase it names
 // is complete in the CTA (thread 0's view).
@@ -60,7 +63,10 @@ struct FusedSmemPlan {
   int row_tile;  // rows per cluster (8 * n-tiles)
   int cluster;   // C: CTAs per cluster (K splits of q_b_proj, column splits of the absorption)
   constexpr int split_len() const { return kQLoraRank / cluster; }
-  constexpr int cols() const { return kKvLoraRank / cluster; }
+  // Latent columns of rank r: tiles [r*32/C, (r+1)*32/C); cols() is the most any rank holds (the buffers' size).
+  constexpr int col_begin(int rank) const { return rank * kColTiles / cluster * kColTile; }
+  constexpr int cols_of(int rank) const { return col_begin(rank + 1) - col_begin(rank); }
+  constexpr int cols() const { return (kColTiles + cluster - 1) / cluster * kColTile; }
   constexpr int qn_stride() const { return proj_smem_stride(split_len()); }      // bf16 elements
   constexpr int w_stride() const { return cols() + 8; }                          // bf16; ldmatrix conflict-free
   constexpr int q_stride() const { return kNopeDim + 8; }                        // bf16
@@ -80,6 +86,7 @@ struct FusedSmemPlan {
 static_assert(FusedSmemPlan{16, 1}.bytes() <= kMaxSmemPerCta, "C=1 must hold 16 rows");
 static_assert(FusedSmemPlan{64, 2}.bytes() <= kMaxSmemPerCta, "C=2 must hold 64 rows");
 static_assert(FusedSmemPlan{8, 8}.split_len() % kKChunk == 0, "every K slice must tile by 32");
-static_assert(FusedSmemPlan{8, 8}.cols() % 32 == 0, "every column slice must tile by 32");
+static_assert(FusedSmemPlan{8, 6}.split_len() % kKChunk == 0, "every K slice must tile by 32");
+static_assert(FusedSmemPlan{16, 3}.bytes() <= kMaxSmemPerCta, "C=3 must hold 16 rows");
 
 }  // namespace mla::query

@@ -3,7 +3,7 @@
 //
 // Grid (C, row tiles, H), clusters of C CTAs along x: the cluster of (row tile, head) owns that head
 // for those rows, so the head's q never leaves it. CTA r of the cluster:
-//   0. before griddepcontrol.wait: cp.async of its W_UK_T[h][:, r*512/C ...] column slice into shared
+//   0. before griddepcontrol.wait: cp.async of its W_UK_T[h] column slice (FusedSmemPlan::col_begin) into shared
 //      memory, and the first kFusedPrefetch chunks of its q_b_proj K slice into registers (neither
 //      depends on the producer of `projected`);
 //   1. RMSNorm(q_a) of the tile's rows, its K slice of qn to shared memory;
@@ -79,16 +79,18 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       has_tile = tile_feature < kNopeDim;  // warps 0-7: the nope features
     }
   }
-  const int k0 = rank * kSplitLen, col0 = rank * kCols;
+  // This rank's latent columns (C = 3 and 6 deal the 32 tiles unevenly; constant otherwise).
+  const int k0 = rank * kSplitLen, col0 = kPlan.col_begin(rank);
+  const int cols_here = kColTiles % kCluster == 0 ? kCols : kPlan.cols_of(rank);
   const int num_features = p.num_heads * kQkHeadDim;
   MLA_TIMELINE_MARK(p.timeline, kMarkStart);
 
   // Phase 0: weight traffic that does not depend on the producer, issued before the wait.
   if (!rope_cta) {
     const __nv_bfloat16* src = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
-    constexpr int kVecsPerRow = kCols / 8;
-    for (int i = threadIdx.x; i < kNopeDim * kVecsPerRow; i += kFusedThreads) {
-      const int d = i / kVecsPerRow, v = i % kVecsPerRow;
+    const int vecs_per_row = cols_here / 8;
+    for (int i = threadIdx.x; i < kNopeDim * vecs_per_row; i += kFusedThreads) {
+      const int d = i / vecs_per_row, v = i % vecs_per_row;
       cp_async_16(s_w + d * kWStride + v * 8, src + int64_t(d) * kKvLoraRank + v * 8);
     }
     cp_async_commit();
@@ -365,14 +367,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   MLA_TIMELINE_MARK(p.timeline, kMarkSummed);
   cluster_arrive_release();  // this CTA has read its peers' partials; matched by the wait at the end
 
-  // Phase 5: ql = q_nope . W_UK_T[h][:, col0 : col0 + kCols] over (16-column m-tile, 8-row n-tile)
+  // Phase 5: ql = q_nope . W_UK_T[h][:, col0 : col0 + cols_here] over (16-column m-tile, 8-row n-tile)
   // pairs: M = columns (A through ldmatrix.trans), N = rows, K = 128; e4m3 into s_out.
   {
-    constexpr int kMTiles = kCols / 16;
+    const int m_tiles = cols_here / kColTile;
     const int n_tiles = (rows_here + 7) / 8;
     const int mi = lane / 8, mj = lane % 8;
-    for (int pair = warp; pair < kMTiles * n_tiles; pair += kFusedWarps) {
-      const int mt = pair % kMTiles, nt = pair / kMTiles;
+    for (int pair = warp; pair < m_tiles * n_tiles; pair += kFusedWarps) {
+      const int mt = pair % m_tiles, nt = pair / m_tiles;
       float acc2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int ks = 0; ks < kNopeDim / 16; ks += 2) {
@@ -389,9 +391,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   __syncthreads();
   MLA_TIMELINE_MARK(p.timeline, kMarkAbsorbed);
   {
-    constexpr int kVecsPerRow = kCols / 16;
-    for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kFusedThreads) {
-      const int rr = i / kVecsPerRow, v = i % kVecsPerRow;
+    const int vecs_per_row = cols_here / 16;
+    for (int i = threadIdx.x; i < rows_here * vecs_per_row; i += kFusedThreads) {
+      const int rr = i / vecs_per_row, v = i % vecs_per_row;
       uint8_t* dst = p.query + (int64_t(row0 + rr) * p.num_heads_out + p.head_offset + head) * kKeyDim + col0 + v * 16;
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(s_out + rr * kOutStride + v * 16);
     }

@@ -15,9 +15,12 @@ namespace {
 
 using FusedKernel = void (*)(QueryParams);
 
+// Clusters of 3 and 6 only for row tiles of 8 and 16 (few rows: they give H = 25-33 and 13-16 a third more
+// streaming SMs than C = 2 and 4); larger tiles take C = 2 or 4 anyway.
 template <int kRowTile, int kCluster, bool kRopeCtas = false>
 FusedKernel fused_instance() {
-  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta) {
+  constexpr bool kUnevenCluster = kColTiles % kCluster != 0;
+  if constexpr (FusedSmemPlan{kRowTile, kCluster}.bytes() <= kMaxSmemPerCta && (!kUnevenCluster || kRowTile <= 16)) {
     return fused_query_kernel<kRowTile / 8, kCluster, kRopeCtas>;
   } else {
     return nullptr;
@@ -45,13 +48,15 @@ FusedKernel fused_kernel_for(int row_tile, int cluster, bool rope_ctas = false) 
   switch (cluster) {
     case 1: return for_rows(std::integral_constant<int, 1>{});
     case 2: return for_rows(std::integral_constant<int, 2>{});
+    case 3: return for_rows(std::integral_constant<int, 3>{});
     case 4: return for_rows(std::integral_constant<int, 4>{});
+    case 6: return for_rows(std::integral_constant<int, 6>{});
     case 8: return for_rows(std::integral_constant<int, 8>{});
   }
   return nullptr;
 }
 
-bool valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8; }
+bool valid_cluster(int c) { return c == 1 || c == 2 || c == 3 || c == 4 || c == 6 || c == 8; }
 
 int num_sms_of_device() {
   int device = 0, num_sms = 0;
@@ -89,18 +94,19 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 // 128} x rows {1, 4, 16, 64, 256}); this rule picks the fastest measured pair at every one of them:
 //   R = 8 / 16 up to 16 rows; 32 up to 64 rows (two 32-row tiles beat one 64-row tile: the norm and
 //   the projection of a tile are serial in its CTAs); 64 above (fewer re-reads of the weights);
-//   C = the largest of 8, 4, 2, 1 whose CTAs (H x row tiles x C) fit in one wave of the SMs, where
-//   clusters of 4 and 8 must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
+//   C = the largest of 8, 6, 4, 3, 2, 1 whose CTAs (H x row tiles x C) fit in one wave of the SMs, where
+//   clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
 //   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
 //   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
-//   whose shared memory holds R otherwise (C = 2 from 32 rows).
+//   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
+//   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66.
 void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int64_t rows = plan.rows;
   if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
       overrides.row_tile != 64)
     throw_bad_argument("row_tile", "8, 16, 32 or 64", std::to_string(overrides.row_tile));
   if (overrides.cluster_size && !valid_cluster(overrides.cluster_size))
-    throw_bad_argument("cluster_size", "1, 2, 4 or 8", std::to_string(overrides.cluster_size));
+    throw_bad_argument("cluster_size", "1, 2, 3, 4, 6 or 8", std::to_string(overrides.cluster_size));
   if (overrides.no_rope_ctas != 0 && overrides.no_rope_ctas != 1)
     throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
@@ -109,18 +115,20 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   int cluster = overrides.cluster_size;
   if (!cluster) {
     const int num_sms = num_sms_of_device();
-    for (int c : {8, 4, 2, 1}) {
+    for (int c : {8, 6, 4, 3, 2, 1}) {
       if (fused_kernel_for(plan.row_tile, c) == nullptr) continue;
       const int active = prepare_fused(plan.row_tile, c, FusedSmemPlan{plan.row_tile, c}.bytes());
       if (active < 1) continue;
       cluster = c;  // the smallest feasible C so far: the fallback when none fits one wave
       const int64_t ctas = clusters * c;
-      const int64_t budget = c >= 4 ? num_sms * 3 / 4 : num_sms;
+      const int64_t budget = c >= 3 ? num_sms * 3 / 4 : num_sms;
       if (ctas <= budget && clusters <= active) break;
     }
   }
   if (cluster == 0 || fused_kernel_for(plan.row_tile, cluster) == nullptr)
-    throw_bad_argument("cluster_size", "a size whose shared memory fits " + std::to_string(plan.row_tile) + " rows",
+    throw_bad_argument("cluster_size",
+                       "a size with a kernel for row tile " + std::to_string(plan.row_tile) +
+                           " (C = 1: tiles up to 16 rows, shared memory; C = 3 and 6: tiles of 8 and 16 rows)",
                        std::to_string(cluster));
   plan.cluster_size = cluster;
   plan.smem_bytes = FusedSmemPlan{plan.row_tile, cluster}.bytes();

@@ -19,7 +19,7 @@ namespace mla::query {
 // Optional overrides of the planner's choices (benchmark sweeps, tests); 0 = the planner decides.
 struct QueryPlanOverrides {
   int path = 0;          // 1 = the fused kernel, 2 = the GEMM path (norm kernel, cuBLAS GEMMs, quantize kernel)
-  int cluster_size = 0;  // fused: CTAs per (head, row tile): 1, 2, 4 or 8 (1 holds at most 16 rows)
+  int cluster_size = 0;  // fused: CTAs per (head, row tile): 1, 2, 3, 4, 6 or 8 (1, 3 and 6: row tiles <= 16)
   int store_q = 0;       // fused: 1 = store the fp32 q (before its bf16 rounding) in the workspace (tests)
   int row_tile = 0;      // fused: rows per cluster: 8, 16, 32 or 64
   int no_rope_ctas = 0;  // fused: 1 = no rope CTAs even where the planner would add them (QueryPlan.rope_ctas)

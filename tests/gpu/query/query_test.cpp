@@ -568,8 +568,9 @@ TEST(Query, BothPathsGiveTheSameBytesAtTheCrossover) {
 TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
   MLA_REQUIRE_GPU();
   for (int row_tile : {8, 16, 32, 64}) {
-    for (int cluster : {1, 2, 4, 8}) {
-      if (cluster == 1 && row_tile > 16) continue;  // shared memory holds at most 16 rows at C = 1
+    for (int cluster : {1, 2, 3, 4, 6, 8}) {
+      // Shared memory holds at most 16 rows at C = 1; C = 3 and 6 are built for row tiles 8 and 16 only.
+      if ((cluster == 1 || cluster == 3 || cluster == 6) && row_tile > 16) continue;
       Case c{8, 33};
       c.overrides.path = 1;
       c.overrides.row_tile = row_tile;
@@ -577,6 +578,9 @@ TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
       run_case(c);
     }
   }
+  // The planned uneven clusters (on a 132-SM GPU): H = 32 x 5 rows takes C = 3, H = 16 x 12 rows C = 6.
+  run_case(Case{32, 5});
+  run_case(Case{16, 12});
 }
 
 // Rope CTAs (C = 1, one row tile, spare SMs: QueryPlan.rope_ctas): both row tiles, a partial last rope CTA,
@@ -600,7 +604,8 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(513, 12), Error);
   EXPECT_THROW(query::make_query_plan(4, 0), Error);
   EXPECT_THROW(query::make_query_plan(4, 129), Error);
-  EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 3}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 5}), Error);
+  EXPECT_THROW(query::make_query_plan(40, 12, {.cluster_size = 6, .row_tile = 32}), Error);  // tiles <= 16 only
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 1, .row_tile = 64}), Error);  // smem
   EXPECT_THROW(query::make_query_plan(4, 12, {.row_tile = 24}), Error);
   EXPECT_THROW(query::make_query_plan(4, 12, {.cluster_size = 16}), Error);
@@ -629,14 +634,15 @@ TEST(Query, GemmPathWithoutCublasHandleThrows) {
 }
 
 // The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs
-// fit one wave (clusters of 4 and 8 within 3/4 of the SMs), else the smallest that holds the tile.
+// fit one wave (clusters of 3 and more within 3/4 of the SMs), else the smallest that holds the tile.
 TEST(Query, PlanFollowsTheMeasuredRule) {
   MLA_REQUIRE_GPU();
   int sms = 0;
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (sms != 132) GTEST_SKIP() << "the expected plans are those of a 132-SM H200; this GPU has " << sms << " SMs";
   struct Want { int rows, heads, path, row_tile, cluster; };  // path: 0 planned, 1 forced fused
-  for (const Want& w : {Want{1, 12, 0, 8, 8}, Want{4, 16, 0, 8, 4}, Want{16, 64, 0, 16, 2}, Want{1, 96, 0, 8, 1},
+  for (const Want& w : {Want{1, 12, 0, 8, 8}, Want{4, 16, 0, 8, 6}, Want{1, 32, 0, 8, 3}, Want{16, 64, 0, 16, 2},
+                        Want{1, 96, 0, 8, 1},
                         Want{16, 128, 0, 16, 1}, Want{64, 12, 0, 32, 4}, Want{64, 16, 1, 32, 2},
                         Want{64, 128, 1, 32, 2}, Want{256, 12, 1, 64, 2}, Want{512, 128, 1, 64, 2}}) {
     const QueryPlan plan = query::make_query_plan(w.rows, w.heads, {.path = w.path});
