@@ -1135,11 +1135,12 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]
 
   // NOTE: the first round of loads (a split per lane for phase 1, kLoadsInFlight latent rows per warp for
-  // phase 2) is issued for the request's slots (< slots.count: inside the workspace) without waiting for
-  // `splits`, i.e. for the lengths load above: that load would otherwise sit in series between the split
-  // kernel's end and the first partial (~1 µs at 1 x 4k). A split past `splits` wrote nothing this step:
-  // its values are dropped by a select, never weighted by 0 (they may be NaN). Under flat slots the slots
-  // themselves come from the split kernel (one load after the wait; every recorded slot is nonempty).
+  // phase 2) reads the nonempty splits only (< `splits`). `splits` comes from the lengths load before the PDL wait,
+  // which ptxas completes before the wait's ACQBULK anyway (cuobjdump -sass), so bounding by it costs no round trip;
+  // the earlier bound, every planned slot (speculation against that round trip, which the SASS never had), read
+  // 2-6 MB of partial rows no split wrote when a short request runs under a long plan (src/core/README.md next
+  // step 12). Under flat slots the slots themselves come from the split kernel (one load after the wait; every
+  // recorded slot is nonempty).
   const float* latent_of_entry = p.partial_latent + partial_row * kKvLoraRank + dim;  // split s at [s * rows_m * 512]
   const int64_t split_stride = int64_t{rows_m} * kKvLoraRank;
   float round_lse[kLoadsInFlight];
@@ -1153,8 +1154,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
                              : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  const float first_lse = lane < slots.count ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
-  load_round(group_warp, slots.count);
+  const float first_lse = lane < splits ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
+  load_round(group_warp, splits);
   // The group's first warp: the merged latent chunk (sum of weights `sum` against the reference max `max_lse`) and LSE.
   auto store_combined = [&](const float4& total, float sum, float max_lse) {
     // NOTE: __fdividef (2 ulp; sum is in [1, splits]), not /: the IEEE division's slow-path call made ptxas spill.
