@@ -59,7 +59,9 @@ if [[ $mode == bench || $mode == all ]]; then
   if [[ ${STEP_BENCH:-1} == 1 ]]; then
     "$build"/bench/step_bench --csv "$out/step.csv" > "$out/step_bench.md" 2>&1
     summary+=("$(printf '%-26s rc=%d' step_bench $?)")
-    python3 bench/plot_step.py "$out/step.csv" "$out/step.png" > "$logs/plot.log" 2>&1
+    # The plot's title names the GPU it ran on (plot_step.py's default says H200).
+    device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/NVIDIA //')
+    python3 bench/plot_step.py "$out/step.csv" "$out/step.png" "${device:-H200}" > "$logs/plot.log" 2>&1
   fi
 fi
 tail -n 12 "$logs/mla-decode-run.log" 2>/dev/null
