@@ -44,6 +44,7 @@ enum QueryMark : int {
   kMarkStart,          // kernel entry
   kMarkIssued,         // the pre-wait weight loads are issued
   kMarkWaited,         // griddepcontrol.wait returned
+  kMarkRowLoaded,      // the first q_a row (warp 0's) has arrived and its sum of squares is reduced
   kMarkNormed,         // the qn slice is in shared memory
   kMarkProjected,      // the projection loop is done (every warp)
   kMarkPartials,       // the partial tile and the cache rows are written
@@ -56,7 +57,8 @@ enum QueryMark : int {
 static_assert(kNumQueryMarks <= timeline::kMaxMarks, "the timeline holds timeline::kMaxMarks marks a CTA");
 // Their names in a timeline report, in QueryMark order.
 inline constexpr const char* kQueryMarkNames[kNumQueryMarks] = {
-    "start", "issued", "waited", "normed", "projected", "partials", "cluster synced", "summed", "absorbed", "end"};
+    "start", "issued", "waited", "row loaded", "normed", "projected", "partials", "cluster synced", "summed", "absorbed",
+    "end"};
 static_assert(kQueryMarkNames[kNumQueryMarks - 1] != nullptr, "one name per QueryMark");
 
 struct FusedSmemPlan {

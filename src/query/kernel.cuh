@@ -153,6 +153,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
     }
     ss = warp_sum(ss);
+    if (rr == 0) MLA_TIMELINE_MARK(p.timeline, kMarkRowLoaded);  // splits the norm phase: the row's round trip
     const float inv_rms = rsqrtf(ss / float(kQLoraRank) + p.rms_eps);
 #pragma unroll
     for (int j = 0; j < 6; ++j) {
