@@ -47,7 +47,7 @@ enum QueryMark : int {
   kMarkRowLoaded,      // the first q_a row (warp 0's) has arrived and its sum of squares is reduced
   kMarkNormed,         // the qn slice is in shared memory
   kMarkProjected,      // the projection loop is done (every warp)
-  kMarkPartials,       // the partial tile and the cache rows are written
+  kMarkPartials,       // the partial tile is written
   kMarkClusterSynced,  // every partial tile of the cluster is visible
   kMarkSummed,         // q is in shared memory, W_UK_T has landed
   kMarkAbsorbed,       // ql is staged (every warp)

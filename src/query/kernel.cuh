@@ -6,9 +6,10 @@
 //   0. before griddepcontrol.wait: cp.async of its W_UK_T[h] column slice (FusedSmemPlan::col_begin) into shared
 //      memory, and the first kFusedPrefetch chunks of its q_b_proj K slice into registers (neither
 //      depends on the producer of `projected`);
-//   1. RMSNorm(q_a) of the tile's rows, its K slice of qn to shared memory;
+//   1. RMSNorm(q_a) of the tile's rows, its K slice of qn to shared memory; the cache rows of the tile (spread over
+//      all CTAs: row rr by CTA rr % CTAs, in the warp that norms it, its loads beside the q_a ones);
 //   2. partial q = q_b_proj[h] . qn over its K slice on mma.sync (weights global -> registers);
-//   3. the fp32 partial tile to shared memory; the cache rows of the tile (spread over all CTAs);
+//   3. the fp32 partial tile to shared memory;
 //   4. cluster barrier; q = bf16(sum of the C partials, rank order) of the batch's rows, read through
 //      distributed shared memory (rank 0 also quantizes the rope part and, for tests, stores the fp32 q);
 //   5. ql = q_nope . W_UK_T[h][:, its columns] on mma.sync, e4m3, 16-byte stores;
@@ -131,6 +132,44 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   grid_dependency_wait();
   MLA_TIMELINE_MARK(p.timeline, kMarkWaited);
 
+  // Cache rows, e4m3([RMSNorm(kv_a) | k_pe] * inv_k_scale): row rr of the tile by CTA rr % (CTAs of the row tile),
+  // in the warp that norms its q_a below, whose kv_a / k_pe / kv_a_norm loads go out with the q_a ones (one round
+  // trip for both). NOTE: measured (timeline, H100, H = 12 x 1 row): written after the projection by one warp of
+  // one CTA, the cache row's own round trips kept that CTA's partials ~1.3 µs behind its peers', and so its cluster.
+  const int tile_ctas = gridDim.x * gridDim.z;
+  const int tile_cta = blockIdx.z * gridDim.x + blockIdx.x;
+  auto write_cache_row = [&](int64_t cache_slot, const uint4 (&kv)[2], const uint4 (&kv_w)[2], const uint4& k_pe) {
+    uint8_t* dst =
+        p.cache + (cache_slot / kPageSize) * p.stride_cache_page + (cache_slot % kPageSize) * kKeyDim;
+    float f[2][8];
+    unpack8(kv[0], f[0]);
+    unpack8(kv[1], f[1]);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += f[j][e] * f[j][e];
+    ss = warp_sum(ss);
+    const float inv_rms = rsqrtf(ss / float(kKvLoraRank) + p.rms_eps);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float w[8];
+      unpack8(kv_w[j], w);
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
+        y[e] = __bfloat162float(__float2bfloat16_rn(f[j][e] * inv_rms * w[e])) * p.inv_k_scale;
+      }
+      *reinterpret_cast<uint2*>(dst + j * 256 + lane * 8) = e4m3x8(y, 1.0f);
+    }
+    if (lane < kRopeDim / 8) {
+      float k[8];
+      unpack8(k_pe, k);
+      *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = e4m3x8(k, p.inv_k_scale);
+    }
+  };
+
   // RMSNorm of q_a, one warp per row; lane holds columns (j*32 + lane)*8 + [0,8), j < 6. Rows past
   // the batch get a zero slice (their partials are then zero and never stored).
   for (int rr = warp; rr < kRowTile; rr += kFusedWarps) {
@@ -144,6 +183,19 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     uint4 v[6];
 #pragma unroll
     for (int j = 0; j < 6; ++j) v[j] = *reinterpret_cast<const uint4*>(src + (j * 32 + lane) * 8);
+    // This CTA's cache row: its loads do not wait for the slot's (a slot of -1 or past the cache writes nothing).
+    const bool owns_cache_row = rr % tile_ctas == tile_cta;
+    const int64_t cache_slot = owns_cache_row ? p.slots[row] : -1;
+    uint4 kv[2], kv_w[2], k_pe = make_uint4(0u, 0u, 0u, 0u);
+    if (owns_cache_row) {
+      const __nv_bfloat16* row_base = p.projected + int64_t(row) * p.stride_projected_row;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        kv[j] = *reinterpret_cast<const uint4*>(row_base + kProjectedKvaOffset + j * 256 + lane * 8);
+        kv_w[j] = *reinterpret_cast<const uint4*>(p.kv_a_norm + j * 256 + lane * 8);
+      }
+      if (lane < kRopeDim / 8) k_pe = *reinterpret_cast<const uint4*>(row_base + kProjectedKpeOffset + lane * 8);
+    }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < 6; ++j) {
@@ -174,6 +226,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       out.w = pack_bf16x2(f[6] * inv_rms * w[6], f[7] * inv_rms * w[7]);
       *reinterpret_cast<uint4*>(dst + (k - k0)) = out;
     }
+    if (cache_slot >= 0 && cache_slot / kPageSize < p.num_cache_pages) write_cache_row(cache_slot, kv, kv_w, k_pe);
   }
   __syncthreads();
   MLA_TIMELINE_MARK(p.timeline, kMarkNormed);
@@ -209,52 +262,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   __syncthreads();  // every warp is done with s_qn: region A becomes the partial tile
   MLA_TIMELINE_MARK(p.timeline, kMarkProjected);
 
-  // Cache rows: e4m3([RMSNorm(kv_a) | k_pe] * inv_k_scale), one warp per row, the tile's rows spread
-  // over every CTA of the row tile (done here: it fills the wait for the slowest peer).
-  auto write_cache_rows = [&]() {
-    const int ctas = gridDim.x * gridDim.z;
-    const int cta = blockIdx.z * gridDim.x + blockIdx.x;
-    for (int rr = cta + ctas * warp; rr < rows_here; rr += ctas * kFusedWarps) {
-      const int row = row0 + rr;
-      const int64_t slot = p.slots[row];
-      if (slot < 0 || slot / kPageSize >= p.num_cache_pages) continue;
-      const __nv_bfloat16* src = p.projected + int64_t(row) * p.stride_projected_row;
-      uint8_t* dst = p.cache + (slot / kPageSize) * p.stride_cache_page + (slot % kPageSize) * kKeyDim;
-      uint4 v[2];
-      v[0] = *reinterpret_cast<const uint4*>(src + kProjectedKvaOffset + lane * 8);
-      v[1] = *reinterpret_cast<const uint4*>(src + kProjectedKvaOffset + 256 + lane * 8);
-      float f[2][8];
-      unpack8(v[0], f[0]);
-      unpack8(v[1], f[1]);
-      float ss = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ss += f[j][e] * f[j][e];
-      ss = warp_sum(ss);
-      const float inv_rms = rsqrtf(ss / float(kKvLoraRank) + p.rms_eps);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float w[8];
-        unpack8(*reinterpret_cast<const uint4*>(p.kv_a_norm + j * 256 + lane * 8), w);
-        float y[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
-          y[e] = __bfloat162float(__float2bfloat16_rn(f[j][e] * inv_rms * w[e])) * p.inv_k_scale;
-        }
-        *reinterpret_cast<uint2*>(dst + j * 256 + lane * 8) = e4m3x8(y, 1.0f);
-      }
-      if (lane < kRopeDim / 8) {
-        float k[8];
-        unpack8(*reinterpret_cast<const uint4*>(src + kProjectedKpeOffset + lane * 8), k);
-        *reinterpret_cast<uint2*>(dst + kKvLoraRank + lane * 8) = e4m3x8(k, p.inv_k_scale);
-      }
-    }
-  };
-
   // A rope CTA's tiles are whole q features: bf16, then e4m3 into the query's rope bytes (and, for tests, the
-  // fp32 q); then its share of the cache rows, and it is done (no partials, no absorption).
+  // fp32 q), and it is done (no partials, no absorption; its share of the cache rows went out with the norm).
   if constexpr (kRopeCtas) {
     if (rope_cta) {
       if (has_tile) {
@@ -280,7 +289,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
           }
         }
       }
-      write_cache_rows();
       // The phases a rope CTA skips (cluster, sum, absorption) take no time in a timeline report.
       for (int mark = kMarkPartials; mark <= kMarkEnd; ++mark) MLA_TIMELINE_MARK(p.timeline, mark);
       trigger_dependents();  // every store of this CTA is issued
@@ -301,8 +309,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       dst[(r + 1) * kPartialStride + 8] = acc[n][3];
     }
   }
-
-  write_cache_rows();
 
   // Phase 4: every partial tile of the cluster is written and visible (release/acquire).
   MLA_TIMELINE_MARK(p.timeline, kMarkPartials);
