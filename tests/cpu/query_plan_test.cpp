@@ -1,6 +1,6 @@
 // The fused query plan's rope CTAs (query/launch.h, choose_rope_ctas), without a GPU: only at C = 1 with one
 // row tile, and only where the SMs no head CTA occupies take every rope tile at most one a warp. The GPU tests
-// run the kernel with them (Query.RopeCtasGiveTheSameBytes).
+// run the kernel with them (Query.RopeCtasGiveTheSameBytes). Also the cluster's column deal (FusedSmemPlan).
 #include <gtest/gtest.h>
 
 #include "query/config.h"
@@ -33,6 +33,29 @@ TEST(QueryPlanRopeCtas, NoneWhereTheyCannotHelp) {
   EXPECT_EQ(choose_rope_ctas(96, 2, 1, 132).ctas, 0);   // a cluster splits K: no whole-K rope tile
   EXPECT_EQ(choose_rope_ctas(96, 1, 2, 132).ctas, 0);   // two row tiles
   EXPECT_EQ(choose_rope_ctas(132, 1, 1, 132).ctas, 0);  // no spare SM
+}
+
+// The absorption's 512 latent columns dealt to the C ranks of a cluster (FusedSmemPlan::col_begin / cols_of): whole
+// 16-column tiles, in rank order, every column once, none beyond cols() (the buffers' size); C = 3 and 6 unevenly.
+TEST(QueryPlanColumns, EveryClusterDealsEveryColumnOnce) {
+  for (int c : {1, 2, 3, 4, 6, 8}) {
+    SCOPED_TRACE(c);
+    const query::FusedSmemPlan plan{8, c};
+    int next = 0;
+    for (int rank = 0; rank < c; ++rank) {
+      EXPECT_EQ(plan.col_begin(rank), next);
+      EXPECT_EQ(plan.cols_of(rank) % query::kColTile, 0);
+      EXPECT_GT(plan.cols_of(rank), 0);
+      EXPECT_LE(plan.cols_of(rank), plan.cols());
+      next += plan.cols_of(rank);
+    }
+    EXPECT_EQ(next, kKvLoraRank);
+    EXPECT_EQ(plan.split_len() * c, kQLoraRank);  // and K splits evenly
+    EXPECT_EQ(plan.split_len() % query::kKChunk, 0);
+  }
+  constexpr query::FusedSmemPlan kSix{8, 6};
+  EXPECT_EQ(kSix.cols_of(0), 80);  // tiles 0-4
+  EXPECT_EQ(kSix.cols(), 96);      // the largest share, 6 tiles
 }
 
 }  // namespace
