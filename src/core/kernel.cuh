@@ -1074,6 +1074,16 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 }
 
 // ---- Combine: merge the splits' partials by LSE (DESIGN.md §4, split-KV) -------------------------
+
+namespace detail {
+// acc += weight * v, per component (the combine's weighed sums).
+__device__ __forceinline__ void add_weighted(float4& acc, float weight, const float4& v) {
+  acc.x += weight * v.x;
+  acc.y += weight * v.y;
+  acc.z += weight * v.z;
+  acc.w += weight * v.w;
+}
+}  // namespace detail
 // A group of p.warps_per_entry warps merges one (entry, 128-dim chunk): warp w of the group takes the
 // request's nonempty splits w, w + G, ... (G = warps_per_entry), eight loads in flight, lane holds 4 dims,
 // weighted against the entry's largest LSE (one pass over the LSEs first; several requests) or against a running
@@ -1199,10 +1209,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
         const float weight = nonempty ? __expf(round_lse[u] - round_max) : 0.0f;  // -inf -> 0
         const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
         warp_sum += weight;
-        acc.x += weight * v.x;
-        acc.y += weight * v.y;
-        acc.z += weight * v.z;
-        acc.w += weight * v.w;
+        detail::add_weighted(acc, weight, v);
       }
     }
     partial_sums[warp][lane] = acc;
@@ -1220,10 +1227,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
           const float4 v = partial_sums[warp + w][lane];
           const float weight = __expf(max_sum.x - max_lse);  // a warp without a weighed split: -inf -> 0
           sum += weight * max_sum.y;
-          total.x += weight * v.x;
-          total.y += weight * v.y;
-          total.z += weight * v.z;
-          total.w += weight * v.w;
+          detail::add_weighted(total, weight, v);
         }
       }
       store_combined(total, sum, max_lse);
@@ -1261,10 +1265,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
         const bool nonempty = s0 + u * p.warps_per_entry < splits;
         const float weight = nonempty ? __expf(round_lse[u] - base) : 0.0f;  // -inf -> 0
         const float4 v = nonempty ? round_v[u] : make_float4(0.f, 0.f, 0.f, 0.f);
-        acc.x += weight * v.x;
-        acc.y += weight * v.y;
-        acc.z += weight * v.z;
-        acc.w += weight * v.w;
+        detail::add_weighted(acc, weight, v);
       }
     }
     partial_sums[warp][lane] = acc;
@@ -1275,10 +1276,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
       float4 total = acc;
       for (int w = 1; w < p.warps_per_entry; ++w) {
         const float4 v = partial_sums[warp + w][lane];
-        total.x += v.x;
-        total.y += v.y;
-        total.z += v.z;
-        total.w += v.w;
+        detail::add_weighted(total, 1.0f, v);
       }
       store_combined(total, sum, base);
     }
