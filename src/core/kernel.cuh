@@ -154,6 +154,20 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Asks L2 for this CTA's share of the next stage's weights (CombineParams.l2_prefetch): the grid's CTAs deal the
+// bytes in equal 16-byte-multiple pieces, one bulk prefetch each, so that the value stage's weight stream comes from
+// L2. A hint: no data reaches the SM, nothing waits for it.
+__device__ __forceinline__ void prefetch_l2_share(const uint8_t* base, int64_t total_bytes) {
+  if (base == nullptr || threadIdx.x != 0) return;
+  const int64_t ctas = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+  const int64_t cta = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t share = (total_bytes + 16 * ctas - 1) / (16 * ctas) * 16;
+  const int64_t begin = cta * share;
+  if (begin >= total_bytes) return;
+  const uint32_t bytes = uint32_t(min(share, total_bytes - begin));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + begin), "r"(bytes) : "memory");
+}
+
 // The pages of `request` (0 for a padded one).
 __device__ __forceinline__ int request_pages(const int32_t* lengths, int num_requests, int request) {
   return request < num_requests ? pages_of(lengths[request]) : 0;
@@ -1123,6 +1137,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     splits = nonempty_splits(length, slots.count);
   }
 
+  // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
+  detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);
   detail::griddep_wait();  // the partials come from the split kernel
 
   bool written = false;

@@ -346,6 +346,14 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.k_scale = args.k_scale;
   params.latent = args.latent;
   params.lse = args.lse;
+  if ((args.l2_prefetch == nullptr) != (args.l2_prefetch_bytes == 0) ||
+      reinterpret_cast<uintptr_t>(args.l2_prefetch) % 16 != 0 || args.l2_prefetch_bytes % 16 != 0 ||
+      args.l2_prefetch_bytes < 0) {
+    throw_bad_argument("CoreArgs.l2_prefetch / l2_prefetch_bytes",
+                       "null and 0, or a 16-byte aligned pointer and a positive multiple of 16 bytes",
+                       std::to_string(reinterpret_cast<uintptr_t>(args.l2_prefetch)) + " / " +
+                           std::to_string(args.l2_prefetch_bytes));
+  }
   if (merges(plan)) {
     params.partial_latent = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_latent + plan.partial_slots * shape.q * shape.heads * kKvLoraRank;
@@ -381,6 +389,8 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.k_scale = args.k_scale;
   combine.latent = args.latent;
   combine.lse = args.lse;
+  combine.l2_prefetch = static_cast<const uint8_t*>(args.l2_prefetch);
+  combine.l2_prefetch_bytes = args.l2_prefetch_bytes;
   void* combine_args[] = {&combine};
   const auto combine_kernel = plan.flat_slots       ? &core_combine_kernel<kSlotsFlat>
                               : plan.balanced_slots ? &core_combine_kernel<kSlotsBalanced>

@@ -123,6 +123,12 @@ struct CoreArgs {
   // leaves them zero. Unlike the workspace they hold state between launches: not scratch anyone else may write, and
   // one set per stream of launches (PreparedMla owns its own).
   int* tile_counters = nullptr;
+  // The next stage's weights (PreparedMla: W_UV), asked into L2 by the combine kernel's CTAs before their PDL wait,
+  // each its share (cp.async.bulk.prefetch.L2): a hint, nothing here reads them, and only where the plan launches the
+  // combine kernel (merges, not in the split kernel). Null = none; else 16-byte aligned, a multiple of 16 bytes. At few rows the value
+  // stage streams them at ~37 % of the copy bandwidth from DRAM, while during the merge DRAM is mostly idle.
+  const void* l2_prefetch = nullptr;
+  int64_t l2_prefetch_bytes = 0;
 };
 
 // Launches the split kernel (with `pdl`, PDL-dependent on the previous kernel in `stream`; without,

@@ -60,6 +60,8 @@ struct CombineParams {
   float k_scale = 1;                      // multiplies the merged latent
   void* latent = nullptr;                 // [rows, heads, 512] bf16
   float* lse = nullptr;                   // [rows, heads] fp32 natural log
+  const uint8_t* l2_prefetch = nullptr;   // the next stage's weights, dealt over the CTAs into L2 before the PDL wait
+  int64_t l2_prefetch_bytes = 0;          //   (CoreArgs.l2_prefetch: a hint; null = none)
 };
 
 }  // namespace mla::core

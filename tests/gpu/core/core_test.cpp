@@ -209,6 +209,11 @@ TEST_P(CoreTest, MatchesReference) {
       d_workspace.poison();
       d_latent.poison();
       d_lse.poison();
+      // The checked launch also deals an L2 prefetch of "next-stage weights" over the combine kernel's CTAs, where
+      // the plan has one (here the query's bytes, rarely a multiple of 16 x the CTA count): a hint that must change
+      // nothing.
+      args.l2_prefetch = launch == 1 ? d_query.get() : nullptr;
+      args.l2_prefetch_bytes = launch == 1 ? rows * heads * int64_t{kKeyDim} : 0;
       core::launch_core(plan, args, nullptr);
       MLA_CUDA_CHECK(cudaDeviceSynchronize());
     }
@@ -374,6 +379,30 @@ std::vector<CoreCase> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CoreTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; });
+
+// The L2 prefetch hint (CoreArgs.l2_prefetch) is checked before anything launches: aligned, a multiple of 16 bytes.
+TEST(CoreArgs, RejectsABadL2Prefetch) {
+  MLA_REQUIRE_GPU();
+  const core::CorePlan plan = core::plan_core({.rows = 4, .heads = 16, .q = 1, .max_context = 4096});
+  test::DeviceBuffer<uint8_t> scratch(1 << 20);
+  core::CoreArgs args;
+  args.query = args.cache = args.latent = args.workspace = scratch.get();
+  args.block_table = args.lengths = reinterpret_cast<const int32_t*>(scratch.get());
+  args.lse = reinterpret_cast<float*>(scratch.get());
+  args.num_requests = 4;
+  args.tile_counters = reinterpret_cast<int*>(scratch.get());
+  for (const auto& [offset, bytes] : {std::pair{8, 4096}, std::pair{0, 4088}, std::pair{0, 0}}) {
+    args.l2_prefetch = scratch.get() + offset;
+    args.l2_prefetch_bytes = bytes;
+    try {
+      core::launch_core(plan, args, nullptr);
+      ADD_FAILURE() << "no error for l2_prefetch at offset " << offset << ", " << bytes << " bytes";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("l2_prefetch"), std::string::npos) << e.what();
+    }
+  }
+  MLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 // The plan fills the machine: batch 1 at 1M context uses every SM, and the split count never exceeds
 // the pages of max_context.
