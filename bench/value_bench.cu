@@ -17,6 +17,8 @@
 //
 //   value_bench [--out FILE]            the markdown table on stdout (and into FILE)
 //   value_bench --heads H --rows ROWS   one shape (e.g. under ncu)
+//   value_bench --l2-warm               a diagnostic: one replica, so W_UV, latent and gate stay in L2 between
+//                                       launches (what a stage costs when its bytes are not what it waits on)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -103,14 +105,15 @@ struct Problem {
   int launches() const { return std::max(kMinLaunchesPerGraph, static_cast<int>(replicas.size())); }
 };
 
-Problem make_problem(int rows, int heads, cudaStream_t stream) {
+Problem make_problem(int rows, int heads, bool l2_warm, cudaStream_t stream) {
   Problem p;
   p.rows = rows;
   p.heads = heads;
   p.pitch = (projected_width(heads) + 64 + 7) / 8 * 8;
   // Bytes one launch moves in its replica.
   const double replica_bytes = p.weight_bytes() + p.latent_bytes() + p.gate_bytes() + p.out_bytes();
-  const int count = std::clamp(static_cast<int>(std::ceil(kColdBytes / replica_bytes)), 2, kMaxReplicas);
+  const int count =
+      l2_warm ? 1 : std::clamp(static_cast<int>(std::ceil(kColdBytes / replica_bytes)), 2, kMaxReplicas);
   const size_t w_count = size_t(heads) * kKvLoraRank * kVHeadDim;
   const size_t latent_count = size_t(rows) * heads * kKvLoraRank;
   const size_t projected_count = size_t(rows) * p.pitch;
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<int> head_counts = {12, 96, 128};
   std::vector<int> row_counts = {1, 4, 16, 32, 64, 128, 256, 512};
+  bool l2_warm = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
@@ -217,8 +221,10 @@ int main(int argc, char** argv) {
       head_counts = {std::atoi(argv[++i])};
     } else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) {
       row_counts = {std::atoi(argv[++i])};
+    } else if (!std::strcmp(argv[i], "--l2-warm")) {
+      l2_warm = true;
     } else {
-      std::fprintf(stderr, "usage: value_bench [--out FILE] [--heads H] [--rows ROWS]\n");
+      std::fprintf(stderr, "usage: value_bench [--out FILE] [--heads H] [--rows ROWS] [--l2-warm]\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -257,7 +263,7 @@ int main(int argc, char** argv) {
     std::string misplanned_shapes;
     for (int heads : head_counts) {
       for (int rows : row_counts) {
-        bench::Problem p = bench::make_problem(rows, heads, stream);
+        bench::Problem p = bench::make_problem(rows, heads, l2_warm, stream);
         double us[3];
         int fastest = 0;
         for (int k = 0; k < 3; ++k) {
