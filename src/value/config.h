@@ -53,6 +53,10 @@ struct SharedPlan {
 // 96 full-width CTAs (H 96 x 32 rows: 9.6 vs 11.3 µs; H 96 x 64 a tie), the full-width one from 128
 // (H 128 x 1 row: 8.8 vs 10.9 µs; H 96 x 128 rows: 16.6 vs 20.8).
 inline constexpr int kTensorCoreMinRowHeads = 48;
+// One row up to this many heads also takes the CUDA-core kernel: its W_UV loads all go out before the PDL wait (one
+// round trip), and PreparedMla has asked L2 for W_UV during the core's merge up to this size (8 MB), where the
+// tensor-core kernels' chunk pipeline still takes ~7 µs at H = 96 with W_UV in L2 (value_bench --l2-warm).
+inline constexpr int kCudaCoreMaxHeadsAtOneRow = 64;
 inline constexpr int kFullWidthMinCtas = 128;
 
 // ---- Tensor-core kernel -------------------------------------------------------------------------------

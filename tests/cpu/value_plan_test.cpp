@@ -18,6 +18,10 @@ TEST(ValuePlan, CudaCoresBelowTheRowHeadThreshold) {
   const int min_rows_h12 = (value::kTensorCoreMinRowHeads + 11) / 12;
   EXPECT_EQ(choose_value_kernel(min_rows_h12 - 1, 12, 1), ValueKernel::kCudaCore);
   EXPECT_EQ(choose_value_kernel(min_rows_h12, 12, 1), ValueKernel::kTensorCoreSplit);
+  // One row up to H 64 (W_UV in L2 by PreparedMla's prefetch): the CUDA-core kernel's one round trip.
+  EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow + 1, 0), ValueKernel::kTensorCoreSplit);
+  EXPECT_EQ(choose_value_kernel(2, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kTensorCoreSplit);
 }
 
 TEST(ValuePlan, SplitUntilTheFullWidthGridIsLargeEnough) {
