@@ -125,8 +125,8 @@ struct CoreArgs {
   int* tile_counters = nullptr;
   // The next stage's weights (PreparedMla: W_UV), asked into L2 by the combine kernel's CTAs before their PDL wait,
   // each its share (cp.async.bulk.prefetch.L2): a hint, nothing here reads them, and only where the plan launches the
-  // combine kernel (merges, not in the split kernel). Null = none; else 16-byte aligned, a multiple of 16 bytes. At few rows the value
-  // stage streams them at ~37 % of the copy bandwidth from DRAM, while during the merge DRAM is mostly idle.
+  // combine kernel (it merges, and not in the split kernel). Null = none; else 16-byte aligned, a multiple of 16
+  // bytes. During the merge DRAM is mostly idle; at few rows the value stage is a latency chain over its weights.
   const void* l2_prefetch = nullptr;
   int64_t l2_prefetch_bytes = 0;
 };
