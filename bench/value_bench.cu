@@ -245,10 +245,11 @@ int main(int argc, char** argv) {
     std::string table;
     char line[640];
     std::snprintf(line, sizeof line,
-                  "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d, full width from %d "
-                  "CTAs\n\n",
+                  "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d (one row: CUDA cores up "
+                  "to H %d), full width from %d CTAs%s\n\n",
                   prop.name, prop.multiProcessorCount, ceilings.describe().c_str(), value::kTensorCoreMinRowHeads,
-                  value::kFullWidthMinCtas);
+                  value::kCudaCoreMaxHeadsAtOneRow, value::kFullWidthMinCtas,
+                  l2_warm ? "; L2-WARM (--l2-warm, a diagnostic): one replica, its bytes in L2 between launches" : "");
     table += line;
     table +=
         "| H | rows | cuda-core µs | tensor-core µs | tensor-core/4 µs | stock µs (bf16 v) | stock µs (fp32 v) "
