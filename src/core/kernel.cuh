@@ -1104,9 +1104,9 @@ __device__ __forceinline__ void add_weighted(float4& acc, float weight, const fl
 // max of the warp's own (one request: the uniform deal); the group's first warp sums the G partial sums (brought to
 // their common max). Block: max(G, kCombineMinWarps) warps; grid: x = the groups (entries * 4) over the groups of
 // a block.
-// Splits past nonempty_splits() wrote nothing: only the first round of loads may read them (inside the
-// workspace) and drops them by a select; a nonempty split whose rows see no token has lse -inf and weighs
-// exactly 0; no nonempty split => latent 0 and lse -inf. kSlots: the split kernel's deal (kSlotsUniform, ...).
+// Splits past nonempty_splits() wrote nothing and no load reads them (every round is bounded by `splits`); a
+// nonempty split whose rows see no token has lse -inf and weighs exactly 0; no nonempty split => latent 0 and
+// lse -inf. kSlots: the split kernel's deal (kSlotsUniform, ...).
 template <int kSlots>
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
