@@ -14,6 +14,7 @@
 #include "mla/dcp.h"
 #include "mla/mla.h"
 #include "query/launch.h"
+#include "value/config.h"  // kCudaCoreMaxHeadsAtOneRow: the W_UV prefetch bound
 #include "value/launch.h"
 
 namespace mla {
@@ -370,12 +371,14 @@ core::CoreArgs core_args(const Weights& w, const StepInputs& step, const void* q
   core.latent = latent;
   core.lse = lse;
   core.workspace = workspace;
-  // The value stage's weights into L2 while the core's combine kernel merges (DRAM is mostly idle then), where they
-  // fit kMaxWUvPrefetchBytes (H <= 64): the value kernel then streams them from L2. Measured on an H100
-  // (bench/results/step.md, 2026-12-06 ~06:50-07:12 UTC): steps at H = 12 x 4-16 rows 1.03-1.04x, and with one row up to
-  // H = 64 on the CUDA-core value kernel (value/config.h kCudaCoreMaxHeadsAtOneRow) 1 x 4k x H48 / H64 1.08-1.09x; at
-  // H = 96 the whole 12.6 MB cost up to 2 % and its first 4 or 8 MB changed nothing, so larger W_UV is not asked for.
-  constexpr int64_t kMaxWUvPrefetchBytes = int64_t{8} << 20;
+  // The value stage's weights into L2 while the core's combine kernel merges (DRAM is mostly idle then), up to the
+  // heads whose one-row steps the value plan gives the CUDA-core kernel for it (value::kCudaCoreMaxHeadsAtOneRow:
+  // 64 heads, 8 MB). Measured on an H100 (bench/results/step.md, 2026-12-06 ~06:50-07:12 UTC): steps at H = 12 x 4-16
+  // rows 1.03-1.04x, 1 x 4k x H48 / H64 1.08-1.09x; at H = 96 the whole 12.6 MB cost up to 2 % and its first 4 or 8 MB
+  // changed nothing, so larger W_UV is not asked for.
+  constexpr int64_t kMaxWUvPrefetchBytes =
+      int64_t{value::kCudaCoreMaxHeadsAtOneRow} * kKvLoraRank * kVHeadDim * sizeof(__nv_bfloat16);
+  static_assert(kMaxWUvPrefetchBytes == int64_t{8} << 20, "the bound measured");
   const int64_t w_uv_bytes = w.w_uv.numel() * dtype_size(w.w_uv.dtype);
   if (w_uv_bytes <= kMaxWUvPrefetchBytes) {
     core.l2_prefetch = w.w_uv.data;
