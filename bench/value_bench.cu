@@ -3,6 +3,7 @@
 //   cuda-core    value_kernel (W_UV on FMAs), forced through plan_value(..., kCudaCore)
 //   tensor-core  value_mma_kernel (mma.sync), forced through plan_value(..., kTensorCore)
 //   tensor-core/4  the same with 4 CTAs per (row tile, head), 32 columns each (kTensorCoreSplit)
+//   cuda-core/packed  value_kernel with its W_UV slice packed bf16, 3 CTAs an SM (kCudaCorePacked)
 //   stock        cuBLAS cublasGemmStridedBatchedEx v[r, h] = latent[r, h] . W_UV[h] (bf16 in, fp32
 //                compute; v written in bf16, and again in fp32), then an elementwise gate kernel
 // as CUDA events over CUDA-graph replays (timing::time_graph_us: median of kReplays), each launch of a
@@ -11,7 +12,7 @@
 // in PreparedMla (the next launch's W_UV loads overlap the previous launch's tail).
 // GB/s counts the bytes that must move: W_UV + latent + gate logits + out (bf16 each); TFLOP/s the
 // 2 * rows * H * 512 * 128 of the GEMM; the floor is max(bytes / copy bandwidth, FLOPs / bf16 GEMM rate),
-// both measured in the same run. "fastest" names the fastest of our three kernels per shape and the
+// both measured in the same run. "fastest" names the fastest of our four kernels per shape and the
 // last line the shapes where plan_value's pick is > 5 % slower than it (what config.h's plan constants
 // are set from).
 //
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -246,28 +248,28 @@ int main(int argc, char** argv) {
     char line[640];
     std::snprintf(line, sizeof line,
                   "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d (one row: CUDA cores up "
-                  "to H %d), full width from %d CTAs%s\n\n",
+                  "to H %d, packed up to H %d), full width from %d CTAs%s\n\n",
                   prop.name, prop.multiProcessorCount, ceilings.describe().c_str(), value::kTensorCoreMinRowHeads,
-                  value::kCudaCoreMaxHeadsAtOneRow, value::kFullWidthMinCtas,
+                  value::kCudaCoreMaxHeadsAtOneRow, value::kCudaCorePackedMaxHeadsAtOneRow, value::kFullWidthMinCtas,
                   l2_warm ? "; L2-WARM (--l2-warm, a diagnostic): one replica, its bytes in L2 between launches" : "");
     table += line;
     table +=
-        "| H | rows | cuda-core µs | tensor-core µs | tensor-core/4 µs | stock µs (bf16 v) | stock µs (fp32 v) "
+        "| H | rows | cuda-core µs | tensor-core µs | tensor-core/4 µs | cuda-core/packed µs | stock µs (bf16 v) | stock µs (fp32 v) "
         "| planned | fastest | stock / planned | floor µs | planned / floor | planned GB/s | planned % copy "
         "| planned TFLOP/s |\n";
-    table += "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
+    table += "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
     std::fputs(table.c_str(), stdout);
 
     constexpr value::ValueKernel kKernels[] = {value::ValueKernel::kCudaCore, value::ValueKernel::kTensorCore,
-                                               value::ValueKernel::kTensorCoreSplit};
+                                               value::ValueKernel::kTensorCoreSplit, value::ValueKernel::kCudaCorePacked};
     int misplanned = 0;  // shapes where the planned kernel is > 5 % slower than the fastest one
     std::string misplanned_shapes;
     for (int heads : head_counts) {
       for (int rows : row_counts) {
         bench::Problem p = bench::make_problem(rows, heads, l2_warm, stream);
-        double us[3];
+        double us[std::size(kKernels)];
         int fastest = 0;
-        for (int k = 0; k < 3; ++k) {
+        for (int k = 0; k < static_cast<int>(std::size(kKernels)); ++k) {
           us[k] = bench::time_ours(p, kKernels[k], stream);
           if (us[k] < us[fastest]) fastest = k;
         }
@@ -283,9 +285,9 @@ int main(int argc, char** argv) {
         const double floor = timing::floor_us(ceilings, p.must_move_bytes(), p.flops(), 0.0);
         const double gbs = p.must_move_bytes() / (ours * 1e3);
         std::snprintf(line, sizeof line,
-                      "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2fx | %.2f | %.2f | %.0f | %.0f%% | "
+                      "| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2fx | %.2f | %.2f | %.0f | %.0f%% | "
                       "%.1f |\n",
-                      heads, rows, us[0], us[1], us[2], stock_bf16, stock_fp32, value::value_kernel_name(planned),
+                      heads, rows, us[0], us[1], us[2], us[3], stock_bf16, stock_fp32, value::value_kernel_name(planned),
                       value::value_kernel_name(kKernels[fastest]), stock / ours, floor, ours / floor, gbs,
                       100.0 * gbs / ceilings.copy_gbs, p.flops() / (ours * 1e6));
         table += line;

@@ -57,6 +57,14 @@ inline constexpr int kTensorCoreMinRowHeads = 48;
 // round trip), and PreparedMla has asked L2 for W_UV during the core's merge up to this size (8 MB), where the
 // tensor-core kernels' chunk pipeline still takes ~7 µs at H = 96 with W_UV in L2 (value_bench --l2-warm).
 inline constexpr int kCudaCoreMaxHeadsAtOneRow = 64;
+// Above it, one row up to this many heads takes the packed-slice CUDA-core kernel (ValueKernel::kCudaCorePacked, 3
+// CTAs an SM): its 4 x H CTAs then run in one wave of 132 SMs (H = 96: 384 CTAs, 1.45 waves at 2 an SM). W_UV comes
+// from DRAM there (over PreparedMla's prefetch bound). Measured on an H100 (bench/results/value.md, 2026-12-06 ~07:35
+// UTC): H = 96 x 1 row 9.65 -> 7.91 µs against the unpacked kernel (tensor-core/4: 8.2), steps 1 x 4k / 32k / 128k x
+// H96 1.033 / 1.022 / 1.016x; where the unpacked grid already fits its waves the widening costs (H = 64 x 1 row step
+// 0.981x, H = 12 x 4-64 rows 0.86-0.93x, H = 128 x 1 row (512 CTAs, two waves either way) 1.008x).
+inline constexpr int kCudaCorePackedMaxHeadsAtOneRow = 96;
+inline constexpr int kPackedCtasPerSm = 3;
 inline constexpr int kFullWidthMinCtas = 128;
 
 // ---- Tensor-core kernel -------------------------------------------------------------------------------

@@ -55,8 +55,12 @@ __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int
   for (int i = 0; i < kKPerThread; ++i) latent[i] *= inv_sum;
 }
 
-template <bool kMergeDcp>
-__global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__ ValueParams p) {
+// kPackedSlice (ValueKernel::kCudaCorePacked): the W_UV slice stays packed bf16 in 32 registers and each k row is
+// widened where it is used (80 registers a thread instead of 128), so that 3 CTAs fit an SM: H = 96's 384 one-row CTAs
+// run in one wave instead of 1.45. It costs the widening in the row loop, so only the plan's one-row rule uses it.
+template <bool kMergeDcp, bool kPackedSlice>
+__global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : 1)
+    value_kernel(const __grid_constant__ ValueParams p) {
   // ---- 1. Grid mapping: CTA = (32-column slice, head, 16-row tile); thread = (column group, k slice).
   const int column_slice = blockIdx.x;
   const int head = blockIdx.y;
@@ -82,9 +86,11 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
   for (int i = 0; i < kKPerThread; ++i) {
     w_packed[i] = *reinterpret_cast<const uint4*>(w_head + (k_begin + i) * kVHeadDim + column_begin);
   }
-  float w[kKPerThread][kColumnsPerThread];
+  float w[kPackedSlice ? 1 : kKPerThread][kColumnsPerThread];
+  if constexpr (!kPackedSlice) {
 #pragma unroll
-  for (int i = 0; i < kKPerThread; ++i) bf16x8_to_float(w_packed[i], w[i]);
+    for (int i = 0; i < kKPerThread; ++i) bf16x8_to_float(w_packed[i], w[i]);
+  }
 
   // ---- 3. Wait for the core's latent, or under DCP every rank's partials (and everything before).
   cudaGridDependencySynchronize();
@@ -107,8 +113,10 @@ __global__ void __launch_bounds__(kThreads) value_kernel(const __grid_constant__
       }
 #pragma unroll
       for (int i = 0; i < kKPerThread; ++i) {
+        const float* w_row = w[kPackedSlice ? 0 : i];
+        if constexpr (kPackedSlice) bf16x8_to_float(w_packed[i], w[0]);
 #pragma unroll
-        for (int c = 0; c < kColumnsPerThread; ++c) acc[rr][c] = fmaf(latent[i], w[i][c], acc[rr][c]);
+        for (int c = 0; c < kColumnsPerThread; ++c) acc[rr][c] = fmaf(latent[i], w_row[c], acc[rr][c]);
       }
     }
     // Lanes 4 apart hold the same columns for neighbouring k slices.

@@ -13,13 +13,14 @@ namespace {
 dim3 value_grid(ValueKernel kernel, int rows, int num_heads) {
   switch (kernel) {
     case ValueKernel::kCudaCore:
+    case ValueKernel::kCudaCorePacked:
       return dim3(kColumnSlices, num_heads, (rows + kRowsPerCta - 1) / kRowsPerCta);
     case ValueKernel::kTensorCore:
       return dim3((rows + kMmaRowTile - 1) / kMmaRowTile, num_heads, 1);
     case ValueKernel::kTensorCoreSplit:
       return dim3((rows + kMmaRowTile - 1) / kMmaRowTile, num_heads, kMmaColumnSplits);
   }
-  throw_bad_argument("ValueKernel", "kCudaCore, kTensorCore or kTensorCoreSplit",
+  throw_bad_argument("ValueKernel", "kCudaCore, kTensorCore, kTensorCoreSplit or kCudaCorePacked",
                      std::to_string(static_cast<int>(kernel)));
 }
 
@@ -55,6 +56,8 @@ const char* value_kernel_name(ValueKernel kernel) {
       return "tensor-core";
     case ValueKernel::kTensorCoreSplit:
       return "tensor-core/4";
+    case ValueKernel::kCudaCorePacked:
+      return "cuda-core/packed";
   }
   return "unknown";
 }
@@ -64,6 +67,7 @@ ValueKernel choose_value_kernel(int rows, int num_heads, int num_partials) {
   // explicit rule of the plan, not a fallback.
   if (num_partials > 1 || int64_t{rows} * num_heads < kTensorCoreMinRowHeads) return ValueKernel::kCudaCore;
   if (rows == 1 && num_heads <= kCudaCoreMaxHeadsAtOneRow) return ValueKernel::kCudaCore;
+  if (rows == 1 && num_heads <= kCudaCorePackedMaxHeadsAtOneRow) return ValueKernel::kCudaCorePacked;
   const int64_t full_width_ctas = int64_t{(rows + kMmaRowTile - 1) / kMmaRowTile} * num_heads;
   return full_width_ctas >= kFullWidthMinCtas ? ValueKernel::kTensorCore : ValueKernel::kTensorCoreSplit;
 }
@@ -86,17 +90,20 @@ ValuePlan plan_value(int rows, int num_heads, int num_partials, ValueKernel kern
   plan.grid = value_grid(kernel, rows, num_heads);
   plan.rows = rows;
   plan.num_heads = num_heads;
+  if (num_partials > 1 && kernel != ValueKernel::kCudaCore) {
+    throw_bad_argument("plan_value: kernel for num_partials = " + std::to_string(num_partials),
+                       "cuda-core (the DCP merge keeps its merged latent in fp32; the packed slice was measured "
+                       "slower there)",
+                       value_kernel_name(kernel));
+  }
   switch (kernel) {
     case ValueKernel::kCudaCore:
+    case ValueKernel::kCudaCorePacked:
       plan.block = dim3(kThreads);
       plan.smem_bytes = 0;  // static shared memory only (SharedPlan)
       break;
     case ValueKernel::kTensorCore:
     case ValueKernel::kTensorCoreSplit:
-      if (num_partials > 1) {
-        throw_bad_argument("plan_value: kernel for num_partials = " + std::to_string(num_partials),
-                           "cuda-core (the DCP merge keeps its merged latent in fp32)", value_kernel_name(kernel));
-      }
       plan.block = dim3(kMmaThreads);
       plan.smem_bytes = kernel == ValueKernel::kTensorCore ? prepare_mma_kernel<kVHeadDim>()
                                                            : prepare_mma_kernel<kVHeadDim / kMmaColumnSplits>();
@@ -147,10 +154,19 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
   switch (plan.kernel) {
     case ValueKernel::kCudaCore:
       if (merge) {
-        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<true>, params));
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<true, false>, params));
       } else {
-        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false>, params));
+        MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false, false>, params));
       }
+      return;
+    case ValueKernel::kCudaCorePacked:
+      // NOTE: the DCP merge runs only on the unpacked kernel (plan_value); reaching this means a plan for another
+      // step.
+      if (merge) {
+        throw_bad_argument("ValuePlan.kernel for num_partials = " + std::to_string(params.num_partials),
+                           "cuda-core (the DCP merge)", value_kernel_name(plan.kernel));
+      }
+      MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false, true>, params));
       return;
     case ValueKernel::kTensorCore:
     case ValueKernel::kTensorCoreSplit:
@@ -177,7 +193,7 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
       }
       return;
   }
-  throw_bad_argument("ValuePlan.kernel", "kCudaCore, kTensorCore or kTensorCoreSplit",
+  throw_bad_argument("ValuePlan.kernel", "kCudaCore, kTensorCore, kTensorCoreSplit or kCudaCorePacked",
                      std::to_string(static_cast<int>(plan.kernel)));
 }
 

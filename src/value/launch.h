@@ -14,12 +14,14 @@ enum class ValueKernel : int {
   kCudaCore = 0,    // kernel.cuh: W_UV on FMAs, weights in registers; few rows, and every DCP merge
   kTensorCore = 1,  // kernel_mma.cuh: mma.sync bf16 GEMM per (head, 64-row tile); many rows, no merge
   kTensorCoreSplit = 2,  // the same with 4 CTAs per (head, tile), 32 columns each: few row tiles, no merge
+  kCudaCorePacked = 3,   // kernel.cuh with the W_UV slice packed bf16 (3 CTAs an SM): one row at H 65..96, no merge
 };
-const char* value_kernel_name(ValueKernel kernel);  // "cuda-core" / "tensor-core" / "tensor-core/4"
+// "cuda-core" / "tensor-core" / "tensor-core/4" / "cuda-core/packed"
+const char* value_kernel_name(ValueKernel kernel);
 
 struct ValuePlan {
   ValueKernel kernel = ValueKernel::kCudaCore;
-  dim3 grid;              // kCudaCore: (column slices, heads, 16-row tiles); kTensorCore(Split): (64-row
+  dim3 grid;              // kCudaCore(Packed): (column slices, heads, 16-row tiles); kTensorCore(Split): (64-row
                           // tiles, heads, 1 or 4 column splits)
   dim3 block;
   size_t smem_bytes = 0;  // dynamic shared memory (tensor-core kernels: sizeof(MmaSharedPlan<columns>))
@@ -37,16 +39,16 @@ struct ValuePlan {
 ValuePlan plan_value(int rows, int num_heads, int num_partials);
 // The kernel that plan_value(rows, num_heads, num_partials) runs: host logic only, no CUDA call.
 ValueKernel choose_value_kernel(int rows, int num_heads, int num_partials);
-// The same with the kernel forced (tests, benchmarks); a tensor-core kernel with num_partials > 1 is an
+// The same with the kernel forced (tests, benchmarks); any kernel but kCudaCore with num_partials > 1 is an
 // error.
 ValuePlan plan_value(int rows, int num_heads, int num_partials, ValueKernel kernel);
 
 // Launches on `stream`; with `pdl`, as a programmatic dependent of the previous kernel in the stream
-// (either kernel loads W_UV before waiting for the latent). With params.num_partials > 1 the
+// (every kernel loads W_UV before waiting for the latent). With params.num_partials > 1 the
 // DCP-merging CUDA-core kernel runs. No allocation, no synchronization. mla::Errors: a bad
-// num_partials or a null partial; a plan made for other rows / heads; a tensor-core plan with
-// num_partials > 1; for the tensor-core kernel a null latent, a latent / w_uv / projected pointer not
-// 16-byte aligned, or a stride_latent_row / stride_projected_row not a multiple of 8.
+// num_partials or a null partial; a plan made for other rows / heads; a plan of any kernel but kCudaCore
+// with num_partials > 1; for the tensor-core kernels a null latent, a latent / w_uv / projected pointer
+// not 16-byte aligned, or a stride_latent_row / stride_projected_row not a multiple of 8.
 void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t stream, bool pdl);
 
 }  // namespace mla::value

@@ -20,8 +20,12 @@ TEST(ValuePlan, CudaCoresBelowTheRowHeadThreshold) {
   EXPECT_EQ(choose_value_kernel(min_rows_h12, 12, 1), ValueKernel::kTensorCoreSplit);
   // One row up to H 64 (W_UV in L2 by PreparedMla's prefetch): the CUDA-core kernel's one round trip.
   EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kCudaCore);
-  EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow + 1, 0), ValueKernel::kTensorCoreSplit);
   EXPECT_EQ(choose_value_kernel(2, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kTensorCoreSplit);
+  // Above it, up to H 96, the packed-slice kernel (3 CTAs an SM: 4 x 96 CTAs in one wave); beyond, tensor cores.
+  EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow + 1, 0), ValueKernel::kCudaCorePacked);
+  EXPECT_EQ(choose_value_kernel(1, 96, 1), ValueKernel::kCudaCorePacked);
+  EXPECT_EQ(choose_value_kernel(1, value::kCudaCorePackedMaxHeadsAtOneRow + 1, 0), ValueKernel::kTensorCoreSplit);
+  EXPECT_EQ(choose_value_kernel(2, 96, 0), ValueKernel::kTensorCoreSplit);
 }
 
 TEST(ValuePlan, SplitUntilTheFullWidthGridIsLargeEnough) {
@@ -38,6 +42,7 @@ TEST(ValuePlan, DcpMergeAlwaysOnCudaCores) {
   for (int partials : {2, 4, 8}) {
     EXPECT_EQ(choose_value_kernel(512, 128, partials), ValueKernel::kCudaCore);
     EXPECT_EQ(choose_value_kernel(1, 12, partials), ValueKernel::kCudaCore);
+    EXPECT_EQ(choose_value_kernel(1, 96, partials), ValueKernel::kCudaCore);  // not the packed one
   }
 }
 

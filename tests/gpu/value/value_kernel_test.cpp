@@ -28,7 +28,7 @@ using test::bf16_steps;
 using value::ValueKernel;
 
 constexpr ValueKernel kAllKernels[] = {ValueKernel::kCudaCore, ValueKernel::kTensorCore,
-                                       ValueKernel::kTensorCoreSplit};
+                                       ValueKernel::kTensorCoreSplit, ValueKernel::kCudaCorePacked};
 
 struct ValueCase {
   int heads;
@@ -235,7 +235,9 @@ TEST(ValueKernel, PlanPicksTheKernel) {
     EXPECT_EQ(plan_value(512, 12, partials).kernel, ValueKernel::kCudaCore);
     EXPECT_THROW(plan_value(512, 12, partials, ValueKernel::kTensorCore), Error);
     EXPECT_THROW(plan_value(512, 12, partials, ValueKernel::kTensorCoreSplit), Error);
+    EXPECT_THROW(plan_value(512, 12, partials, ValueKernel::kCudaCorePacked), Error);
   }
+  EXPECT_EQ(plan_value(1, 96, 0).kernel, ValueKernel::kCudaCorePacked);
   EXPECT_THROW(plan_value(0, 12, 1), Error);
   EXPECT_THROW(plan_value(64, 0, 1), Error);
   EXPECT_THROW(plan_value(64, kMaxHeads + 1, 1), Error);
