@@ -65,6 +65,7 @@ inline constexpr int kCudaCoreMaxHeadsAtOneRow = 64;
 // 0.981x, H = 12 x 4-64 rows 0.86-0.93x, H = 128 x 1 row (512 CTAs, two waves either way) 1.008x).
 inline constexpr int kCudaCorePackedMaxHeadsAtOneRow = 96;
 inline constexpr int kPackedCtasPerSm = 3;
+inline constexpr int kUnpackedCtasPerSm = 2;  // 128 registers
 inline constexpr int kFullWidthMinCtas = 128;
 
 // ---- Tensor-core kernel -------------------------------------------------------------------------------
