@@ -6,7 +6,7 @@
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
-//              [--max-context TOKENS] [--peer LIB.so]
+//              [--max-context TOKENS] [--peer LIB.so] [--timeline]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
@@ -22,6 +22,9 @@
 // splits (the others exit at once), which is the core's cost inside `step_bench`.
 // --peer times a peer's core (a shared library with bench/peer_core.h's interface, e.g. FP8 FlashMLA built in
 // the git-ignored peers/ folder) on the same inputs in the same run, and checks its LSE and latent against ours.
+// --timeline (a build configured with -DMLA_TIMELINE=ON) prints after each row where the core's time goes: per launch
+// the split kernel's and the combine's spans and the gaps between them, and each kernel's phases (core/config.h,
+// CoreMark / CombineMark; common/timeline.cuh). Compare its timings only with other timeline builds.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -30,6 +33,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -40,10 +45,12 @@
 #include "bench_inputs.cuh"
 #include "core_bench_stock.cuh"
 #include "device_timing.h"
+#include "core/config.h"
 #include "core/launch.h"
 #include "mla/dims.h"
 #include "peer_core.h"
 #include "synthetic.h"
+#include "timeline_report.h"
 
 namespace {
 
@@ -118,7 +125,69 @@ struct Result {
   double peer_us = 0;          // with --peer (0: it cannot run the shape, peer_note says why)
   std::string peer_note;
   double peer_lse_diff = 0, peer_latent_err = 0;  // as the stock ones, peer vs ours
+  std::string timeline;        // with --timeline (an MLA_TIMELINE build): the per-phase report
 };
+
+// --timeline (an MLA_TIMELINE build): kTimelineLaunches back-to-back PDL launches of the core (split kernel, then the
+// combine where the plan has one), each with its own stamps, and the report of the last ones: per launch the chain
+// (the split kernel's start after the previous launch's end, its span, the combine's start after the split kernel's
+// last CTA, its span) and both kernels' phases (config.h, CoreMark / CombineMark).
+constexpr int kTimelineLaunches = 6;
+std::string core_timeline(const mla::core::CorePlan& plan, const std::function<mla::core::CoreArgs(int)>& core_args,
+                          cudaStream_t stream) {
+  const int split_ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
+  const bool combine = plan.num_splits > 1 && !plan.merge_in_split;
+  const int combine_ctas = combine ? int(plan.combine_grid.x * plan.combine_grid.y * plan.combine_grid.z) : 0;
+  const size_t split_per_launch = size_t(split_ctas) * mla::timeline::kMaxMarks;
+  const size_t combine_per_launch = size_t(combine_ctas) * mla::timeline::kMaxMarks;
+  const size_t total = (split_per_launch + combine_per_launch) * kTimelineLaunches;
+  uint64_t* stamps;
+  MLA_CUDA_CHECK(cudaMalloc(&stamps, total * sizeof(uint64_t)));
+  MLA_CUDA_CHECK(cudaMemset(stamps, 0, total * sizeof(uint64_t)));
+  uint64_t* combine_stamps = stamps + split_per_launch * kTimelineLaunches;
+  for (int i = 0; i < kTimelineLaunches; ++i) {
+    mla::core::CoreArgs args = core_args(i);
+    args.timeline = stamps + i * split_per_launch;
+    args.combine_timeline = combine ? combine_stamps + i * combine_per_launch : nullptr;
+    mla::core::launch_core(plan, args, stream);
+  }
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<uint64_t> host(total);
+  MLA_CUDA_CHECK(cudaMemcpy(host.data(), stamps, total * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  MLA_CUDA_CHECK(cudaFree(stamps));
+  const std::vector<std::string> split_names(std::begin(mla::core::kCoreMarkNames), std::end(mla::core::kCoreMarkNames));
+  const std::vector<std::string> combine_names(std::begin(mla::core::kCombineMarkNames),
+                                               std::end(mla::core::kCombineMarkNames));
+  auto split_at = [&](int l) {
+    return mla::bench::LaunchStamps{host.data() + l * split_per_launch, split_ctas, &split_names};
+  };
+  auto combine_at = [&](int l) {
+    return mla::bench::LaunchStamps{host.data() + split_per_launch * kTimelineLaunches + l * combine_per_launch,
+                                    combine_ctas, &combine_names};
+  };
+  std::string out;
+  char line[256];
+  for (int l = 1; l < kTimelineLaunches; ++l) {
+    const double previous_end = combine ? combine_at(l - 1).last_end() : split_at(l - 1).last_end();
+    const double split_start = split_at(l).first_start(), split_end = split_at(l).last_end();
+    std::snprintf(line, sizeof line, "  launch %d: split kernel %.2f us after the previous launch's last CTA, span %.2f us",
+                  l, (split_start - previous_end) / 1e3, (split_end - split_start) / 1e3);
+    out += line;
+    if (combine) {
+      const double combine_start = combine_at(l).first_start(), combine_end = combine_at(l).last_end();
+      std::snprintf(line, sizeof line, "; combine %.2f us after its last CTA, span %.2f us; chain %.2f us",
+                    (combine_start - split_end) / 1e3, (combine_end - combine_start) / 1e3,
+                    (combine_end - previous_end) / 1e3);
+      out += line;
+    }
+    out += "\n";
+    if (l == kTimelineLaunches - 1) {  // the phases of the last launch (the others are alike)
+      out += "   split kernel phases (since the CTA's previous mark):\n" + mla::bench::phase_report(split_at(l));
+      if (combine) out += "   combine phases:\n" + mla::bench::phase_report(combine_at(l));
+    }
+  }
+  return out;
+}
 
 // The largest relative L2 difference of two device bf16 latents [rows * heads, 512].
 double max_latent_err(const void* a, const void* b, int64_t row_heads) {
@@ -157,7 +226,7 @@ double max_lse_diff(const float* a, const float* b, int64_t n) {
 constexpr int64_t kL2ResidentPages = 128;
 
 Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock,
-                   const PeerCore* peer, bool l2_resident, int64_t max_context) {
+                   const PeerCore* peer, bool l2_resident, int64_t max_context, bool timeline) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -241,6 +310,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   r.ctas_per_sm = plan.ctas_per_sm;
   r.kernel = plan.kernel;
   r.tile_rows = plan.tile_rows;
+  if (timeline) r.timeline = core_timeline(plan, core_args, stream);
   if (stock != nullptr) {
     MLA_CUBLAS_CHECK(cublasSetStream(stock, stream));
     mla::bench::StockCore composition(s.batch, s.q, s.heads, max_length, pages_per_request, page_bytes);
@@ -301,7 +371,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<Variant> variants;
   std::vector<int> split_counts;
-  bool small_batch = false, with_stock = false, l2_resident = false;
+  bool small_batch = false, with_stock = false, l2_resident = false, timeline = false;
   int64_t max_context = 0;  // 0: each shape's longest request
   const char* peer_path = nullptr;
   std::vector<Shape> chosen_shapes;
@@ -324,6 +394,12 @@ int main(int argc, char** argv) {
       with_stock = known = true;
     } else if (!std::strcmp(argv[i], "--l2-resident")) {
       l2_resident = known = true;
+    } else if (!std::strcmp(argv[i], "--timeline")) {
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+      std::fprintf(stderr, "core_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
+      return 2;
+#endif
+      timeline = known = true;
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
@@ -346,7 +422,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]\n",
                    argv[i]);
       return 2;
     }
@@ -403,7 +479,8 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r = bench_shape(s, variant, num_splits, copy_gbs, stock, peer.get(), l2_resident, max_context);
+          const Result r =
+              bench_shape(s, variant, num_splits, copy_gbs, stock, peer.get(), l2_resident, max_context, timeline);
           std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                         s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
                         mla::core::kernel_name(r.kernel), r.tile_rows, r.stages,
@@ -429,6 +506,7 @@ int main(int argc, char** argv) {
           row += "\n";
           table += row;
           std::fputs(row.c_str(), stdout);
+          if (timeline) std::fputs(r.timeline.c_str(), stdout);
           std::fflush(stdout);
         }
       }

@@ -12,41 +12,76 @@
 
 namespace mla::bench {
 
+// The stamps of one launch of one kernel: `ctas` CTAs, laid out [cta][timeline::kMaxMarks] (ns); marks[i] names mark i,
+// the last is the end. A stamp of 0 is a mark the CTA did not record (a phase it has not got).
+struct LaunchStamps {
+  const uint64_t* stamps;
+  int ctas;
+  const std::vector<std::string>* names;
+  double at(int cta, int mark) const { return double(stamps[size_t(cta) * timeline::kMaxMarks + mark]); }
+  int marks() const { return int(names->size()); }
+  double first_start() const {
+    double t = at(0, 0);
+    for (int c = 1; c < ctas; ++c) t = std::min(t, at(c, 0));
+    return t;
+  }
+  double last_end() const {
+    double t = at(0, marks() - 1);
+    for (int c = 1; c < ctas; ++c) t = std::max(t, at(c, marks() - 1));
+    return t;
+  }
+};
+
+// Per mark the median and the maximum over CTAs of the time since that CTA's previous recorded mark (mark 0: since
+// the launch's first start); CTAs that did not record the mark are left out (and counted, if any).
+inline std::string phase_report(const LaunchStamps& launch) {
+  std::string out;
+  char line[200];
+  const double start = launch.first_start();
+  for (int m = 0; m < launch.marks(); ++m) {
+    std::vector<double> step;
+    for (int c = 0; c < launch.ctas; ++c) {
+      if (launch.at(c, m) == 0) continue;
+      double previous = start;
+      for (int k = m - 1; k >= 0; --k) {
+        if (launch.at(c, k) != 0) {
+          previous = launch.at(c, k);
+          break;
+        }
+      }
+      step.push_back((launch.at(c, m) - previous) / 1e3);
+    }
+    if (step.empty()) continue;
+    std::sort(step.begin(), step.end());
+    std::snprintf(line, sizeof line, "    %-16s +%6.2f us median, +%6.2f max", (*launch.names)[m].c_str(),
+                  step[step.size() / 2], step.back());
+    out += line;
+    if (int(step.size()) < launch.ctas) {
+      std::snprintf(line, sizeof line, " (%d of %d CTAs)", int(step.size()), launch.ctas);
+      out += line;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 // For every launch after the first (its predecessor is then one of the same kernel): the gap from
 // the previous launch's last end mark to this launch's first start mark, the span from its first start
-// to its last end, and per mark the median and the maximum over CTAs of the time since that CTA's
-// previous mark (mark 0: since the launch's first start). names[i] names mark i; the last is the end.
+// to its last end, and the phases of phase_report. names[i] names mark i; the last is the end.
 inline std::string timeline_report(const std::vector<uint64_t>& stamps, int launches, int ctas,
                                    const std::vector<std::string>& names) {
-  const int marks = int(names.size());
-  auto at = [&](int launch, int cta, int mark) {
-    return double(stamps[(size_t(launch) * ctas + cta) * timeline::kMaxMarks + mark]);
-  };
-  auto first_start = [&](int launch) {
-    double t = at(launch, 0, 0);
-    for (int c = 1; c < ctas; ++c) t = std::min(t, at(launch, c, 0));
-    return t;
-  };
-  auto last_end = [&](int launch) {
-    double t = at(launch, 0, marks - 1);
-    for (int c = 1; c < ctas; ++c) t = std::max(t, at(launch, c, marks - 1));
-    return t;
+  auto launch_at = [&](int l) {
+    return LaunchStamps{stamps.data() + size_t(l) * ctas * timeline::kMaxMarks, ctas, &names};
   };
   std::string out;
   char line[160];
   for (int l = 1; l < launches; ++l) {
-    const double start = first_start(l);
+    const LaunchStamps launch = launch_at(l);
+    const double start = launch.first_start();
     std::snprintf(line, sizeof line, "  launch %d: %.2f us after the previous launch's last CTA, span %.2f us\n", l,
-                  (start - last_end(l - 1)) / 1e3, (last_end(l) - start) / 1e3);
+                  (start - launch_at(l - 1).last_end()) / 1e3, (launch.last_end() - start) / 1e3);
     out += line;
-    for (int m = 0; m < marks; ++m) {
-      std::vector<double> step(ctas);
-      for (int c = 0; c < ctas; ++c) step[c] = (at(l, c, m) - (m == 0 ? start : at(l, c, m - 1))) / 1e3;
-      std::sort(step.begin(), step.end());
-      std::snprintf(line, sizeof line, "    %-16s +%6.2f us median, +%6.2f max\n", names[m].c_str(), step[ctas / 2],
-                    step.back());
-      out += line;
-    }
+    out += phase_report(launch);
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <cuda_fp16.h>
 
+#include "common/timeline.h"
 #include "mla/dims.h"
 
 namespace mla::core {
@@ -137,5 +138,27 @@ inline constexpr int kCombineMaxWarps = 16;
 inline constexpr int kCombineMinWarps = 4;
 inline constexpr int kCombineDims = 128;
 inline constexpr int kCombineLoadsInFlight = 8;
+
+// Timeline marks (MLA_TIMELINE builds, `core_bench --timeline`): each is recorded by thread 0 of a CTA when the
+// phase it names is complete in that CTA. A CTA without pages records every mark at its exit.
+enum CoreMark : int {
+  kCoreMarkStart,      // kernel entry
+  kCoreMarkWaited,     // griddepcontrol.wait returned (its metadata was read before it)
+  kCoreMarkQuery,      // the first segment's query tile is in shared memory (its first page was asked for before it)
+  kCoreMarkFirstPage,  // the first page has landed
+  kCoreMarkPages,      // the last segment's page loop is done
+  kCoreMarkEnd,        // the last stores are issued: dependents are triggered next
+  kNumCoreMarks
+};
+inline constexpr const char* kCoreMarkNames[kNumCoreMarks] = {"start", "waited", "query", "first page", "pages", "end"};
+enum CombineMark : int {
+  kCombineMarkStart,   // kernel entry (after the L2 prefetch request)
+  kCombineMarkWaited,  // griddepcontrol.wait returned
+  kCombineMarkEnd,     // the merged rows are stored: dependents are triggered next
+  kNumCombineMarks
+};
+inline constexpr const char* kCombineMarkNames[kNumCombineMarks] = {"start", "waited", "end"};
+static_assert(kNumCoreMarks <= timeline::kMaxMarks && kNumCombineMarks <= timeline::kMaxMarks,
+              "the timeline holds timeline::kMaxMarks marks a CTA");
 
 }  // namespace mla::core

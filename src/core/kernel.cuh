@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "common/timeline.cuh"
 #include "core/config.h"
 #include "core/params.h"
 #include "core/split_rule.h"
@@ -718,11 +719,13 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const int m_tile = blockIdx.x;
   const int rows_m = p.q * p.num_heads;  // M rows of one request
 
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkStart);
   // ---- Phase 1: metadata (host-written, not produced upstream: read before the PDL wait) -------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
   if (!first_segment<kSlots>(p, rows_m, cursor, segment)) {
     write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
+    for (int mark = kCoreMarkWaited; mark < kNumCoreMarks; ++mark) MLA_TIMELINE_MARK(p.timeline, mark);
     return;
   }
 
@@ -734,6 +737,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
 
   // PDL: the query and this step's cache rows come from the query kernel.
   griddep_wait();
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkWaited);
 
   // The CTA's pages before this segment: page it of a segment is the CTA's page g0 + it, which sets its ring stage
   // and mbarrier phase, so the ring runs on across segments.
@@ -805,6 +809,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     *reinterpret_cast<uint4*>(&smem.q[r][16 * group + 8]) = hi;
   }
   __syncthreads();
+  if (g0 == 0) MLA_TIMELINE_MARK(p.timeline, kCoreMarkQuery);
   // Q·K^T roles (3a): tokens [16 token_group, +16) of each page, k16 steps [18 k_half, +18).
   const int token_group = warp % kQkTokenGroups;
   const int k_half = warp / kQkTokenGroups;
@@ -839,6 +844,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     mbar_wait(&smem.full[stage], ((g0 + it) / kStages) & 1);
     if (it == 0) {
       while (issued < min(kStages, my_pages)) issue_next_page();  // the rest of the first segment's ring
+      if (g0 == 0) MLA_TIMELINE_MARK(p.timeline, kCoreMarkFirstPage);
     }
     const uint8_t* kv = &smem.kv[stage][0][0];
 
@@ -1019,6 +1025,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     }
   }
 
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkPages);  // each segment's: the last one stays
   // ---- Phase 4: finalize: softmax sums across the quad and the warps -----------------------------
 #pragma unroll
   for (int off = 1; off < 4; off <<= 1) {
@@ -1083,6 +1090,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
   write_empty_request_tile<kSlots, kNumThreads, kBlockM>(p, rows_m, m_tile);
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkEnd);
   // PDL: this CTA's last store is done; the combine (or the value stage) may start launching.
   griddep_launch_dependents();
 }
@@ -1139,7 +1147,9 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
 
   // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
   detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);
+  MLA_TIMELINE_MARK(p.timeline, kCombineMarkStart);
   detail::griddep_wait();  // the partials come from the split kernel
+  MLA_TIMELINE_MARK(p.timeline, kCombineMarkWaited);
 
   bool written = false;
   if constexpr (kSlots == kSlotsFlat) {
@@ -1297,6 +1307,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
       store_combined(total, sum, base);
     }
   }
+  MLA_TIMELINE_MARK(p.timeline, kCombineMarkEnd);
   detail::griddep_launch_dependents();
 }
 

@@ -72,11 +72,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   const int rows_m = p.q * p.num_heads;
   const int tile_row0 = tile * kTileN;
 
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkStart);
   // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
   CtaSplit segment;  // which pages of which request (the first of the CTA's segments under flat slots)
   FlatCursor cursor;
   if (!first_segment<kSlots>(p, rows_m, cursor, segment)) {
     write_empty_request_tile<kSlots, kWgThreads, kTileN>(p, rows_m, tile);
+    for (int mark = kCoreMarkWaited; mark < kNumCoreMarks; ++mark) MLA_TIMELINE_MARK(p.timeline, mark);
     return;
   }
 
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   __syncthreads();
 
   griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkWaited);
 
   // The CTA's pages before this segment: page k of a segment is the CTA's page g0 + k, whose parity picks the
   // warpgroup that owns it and its P^T buffer, and which sets the ring slot and the mbarrier phases.
@@ -127,6 +130,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   load_query_tile<kTileN, kWgThreads>(smem.q, p, entry0, tile_row0, rows_m);
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
+  if (g0 == 0) MLA_TIMELINE_MARK(p.timeline, kCoreMarkQuery);
 
   const KLaneOffsets k_off = k_lane_offsets(wi, lane);  // ldmatrix.x4 addresses of K
   const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);
@@ -152,6 +156,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     const int stage = (g0 + k) % kStages;
     const int buf = (g0 + k) % 2;
     mbar_wait(&smem.full[stage], ((g0 + k) / kStages) & 1);  // this warpgroup's copies of the page are visible
+    if (g0 + k == 0) MLA_TIMELINE_MARK(p.timeline, kCoreMarkFirstPage);  // thread 0: warpgroup 0, page 0
     mbar_wait(&smem.p_full[buf], ((g0 + k) / 2) & 1);
     if (smem.raised[buf] != 0) {
       rescale_rows<kTileN>(o, smem.alpha[buf], c);
@@ -288,6 +293,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   // The segment's last page, if the other warpgroup owns it (also a one-page segment's only page for its non-owner).
   if (my_pages >= 1 && (g0 + my_pages - 1) % 2 != wg) pv_page(my_pages - 1);
 
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkPages);  // each segment's: the last one stays
   // ---- Phase 4: the softmax sums (lanes g, the 4 warps, both warpgroups) and the LSE --------------------
   publish_row_sums<kGroups>(l_run, smem.sum_red[wg], wi, g, c);
   __syncthreads();  // (E1) both warpgroups' sums and the final running max are in shared memory
@@ -315,6 +321,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   if (!next_segment<kSlots>(p, rows_m, cursor, segment)) break;
   }  // segments
   write_empty_request_tile<kSlots, kWgThreads, kTileN>(p, rows_m, tile);
+  MLA_TIMELINE_MARK(p.timeline, kCoreMarkEnd);
   griddep_launch_dependents();  // PDL: this CTA's last store is done
 }
 

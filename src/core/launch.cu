@@ -346,6 +346,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   params.k_scale = args.k_scale;
   params.latent = args.latent;
   params.lse = args.lse;
+  params.timeline = args.timeline;
   if ((args.l2_prefetch == nullptr) != (args.l2_prefetch_bytes == 0) ||
       reinterpret_cast<uintptr_t>(args.l2_prefetch) % 16 != 0 || args.l2_prefetch_bytes % 16 != 0 ||
       args.l2_prefetch_bytes < 0) {
@@ -391,6 +392,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.lse = args.lse;
   combine.l2_prefetch = static_cast<const uint8_t*>(args.l2_prefetch);
   combine.l2_prefetch_bytes = args.l2_prefetch_bytes;
+  combine.timeline = args.combine_timeline;
   void* combine_args[] = {&combine};
   const auto combine_kernel = plan.flat_slots       ? &core_combine_kernel<kSlotsFlat>
                               : plan.balanced_slots ? &core_combine_kernel<kSlotsBalanced>

@@ -129,6 +129,11 @@ struct CoreArgs {
   // bytes. During the merge DRAM is mostly idle; at few rows the value stage is a latency chain over its weights.
   const void* l2_prefetch = nullptr;
   int64_t l2_prefetch_bytes = 0;
+  // Profiling only (MLA_TIMELINE builds, core_bench --timeline; other builds record nothing): the split kernel's
+  // (mma.sync or ping-pong) [grid CTAs, timeline::kMaxMarks] and the combine's [combine grid CTAs, ...] %globaltimer stamps
+  // (config.h, CoreMark / CombineMark); null records nothing.
+  uint64_t* timeline = nullptr;
+  uint64_t* combine_timeline = nullptr;
 };
 
 // Launches the split kernel (with `pdl`, PDL-dependent on the previous kernel in `stream`; without,

@@ -44,6 +44,8 @@ struct CoreParams {
                                     // null where the split kernel merges itself (tile_counters)
   int* tile_counters = nullptr;     // flat slots merged in the split kernel (CorePlan::merge_in_split), else null:
                                     // [grid_requests][m_tiles] segments arrived; zero before and after each launch
+  // ---- Profiling only (MLA_TIMELINE builds; common/timeline.cuh) ----
+  uint64_t* timeline = nullptr;     // [grid CTAs, timeline::kMaxMarks] %globaltimer stamps (CoreMark), or null
 };
 
 struct CombineParams {
@@ -62,6 +64,8 @@ struct CombineParams {
   float* lse = nullptr;                   // [rows, heads] fp32 natural log
   const uint8_t* l2_prefetch = nullptr;   // the next stage's weights, dealt over the CTAs into L2 before the PDL wait
   int64_t l2_prefetch_bytes = 0;          //   (CoreArgs.l2_prefetch: a hint; null = none)
+  uint64_t* timeline = nullptr;           // profiling only (MLA_TIMELINE builds): [grid CTAs, timeline::kMaxMarks]
+                                          // stamps (CombineMark), or null
 };
 
 }  // namespace mla::core
