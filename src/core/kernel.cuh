@@ -797,8 +797,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
   // K fragments there (e4m3x16_to_f16_permuted; one permutation on both operands leaves the dot
   // product unchanged).
-  // NOTE: every load is issued before the first conversion (a load, convert and store an item in a loop made a round
-  // trip an item: timeline, H100 2026-12-06, 2.3-3.8 µs from the PDL wait to the tile, 3 items a thread).
+  // NOTE: every load (3 a thread) is issued before the first conversion: 1.003-1.023x against a load, convert and
+  // store an item in a loop (H100 2026-12-06, bench/results/core.md ~09:00 UTC). The phase still takes ~3.3 µs at 1 x
+  // 128k (core_bench --timeline): its loads wait behind the page burst of every CTA, not on their own round trips.
   {
     constexpr int kItems = kBlockM * (kKeyDim / 16);
     constexpr int kItemsPerThread = (kItems + kNumThreads - 1) / kNumThreads;
