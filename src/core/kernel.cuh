@@ -790,8 +790,6 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // (3a): every CTA of the grid asks at once, and the split's pages stream at the rate of its per-page chain (about
   // the copy bandwidth's share of a CTA: README next step 10), so a CTA whose first page lands late stays late to
   // the end. Asking for one page each first lets every first page land after ~half the burst's time.
-  const int first_issue = g0 == 0 ? 1 : kStages;
-  for (int k = 0; k < min(first_issue, my_pages); ++k) issue_next_page();
 
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
   // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
@@ -813,6 +811,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
         v[i] = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % (kKeyDim / 16)) * 16));
       }
     }
+    // EXPERIMENT: the first page asked for after the query tile's loads, so that they do not wait behind the burst.
+    const int first_issue = g0 == 0 ? 1 : kStages;
+    for (int k = 0; k < min(first_issue, my_pages); ++k) issue_next_page();
 #pragma unroll
     for (int i = 0; i < kItemsPerThread; ++i) {
       const int idx = threadIdx.x + i * kNumThreads;

@@ -124,10 +124,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
       copy_page_part_async<1>(p, pages, page_begin + k, length, smem.kv[stage], &smem.full[stage], wt);
     }
   };
-  for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_part(k);
-
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
+  // EXPERIMENT: the tile before the ring's first copies, so that its loads do not wait behind the page burst.
   load_query_tile<kTileN, kWgThreads>(smem.q, p, entry0, tile_row0, rows_m);
+  for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_part(k);
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
   __syncthreads();
   if (g0 == 0) MLA_TIMELINE_MARK(p.timeline, kCoreMarkQuery);
