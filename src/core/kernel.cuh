@@ -795,9 +795,10 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // One thread per (row r, 16-byte group G) = one k16 step of 3a, its k order permuted to match the
   // K fragments there (e4m3x16_to_f16_permuted; one permutation on both operands leaves the dot
   // product unchanged).
-  // NOTE: every load (3 a thread) is issued before the first conversion: 1.003-1.023x against a load, convert and
-  // store an item in a loop (H100 2026-12-06, bench/results/core.md ~09:00 UTC). The phase still takes ~3.3 µs at 1 x
-  // 128k (core_bench --timeline): its loads wait behind the page burst of every CTA, not on their own round trips.
+  // NOTE: the tile's loads (3 a thread) go out first, then the first page's copies, then the conversions: with the
+  // page asked for first the loads waited behind every CTA's page burst (core_bench --timeline, H100 2026-12-06: 2.3-3.8
+  // µs from the PDL wait to the tile). Loads before conversions alone: 1.003-1.023x; with the page after them too
+  // (both kernels): small cores under the 128k plan 1.009-1.060x, steps 1.004-1.062x (bench/results/core.md ~09:10 UTC).
   {
     constexpr int kItems = kBlockM * (kKeyDim / 16);
     constexpr int kItemsPerThread = (kItems + kNumThreads - 1) / kNumThreads;
@@ -811,7 +812,6 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
         v[i] = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % (kKeyDim / 16)) * 16));
       }
     }
-    // EXPERIMENT: the first page asked for after the query tile's loads, so that they do not wait behind the burst.
     const int first_issue = g0 == 0 ? 1 : kStages;
     for (int k = 0; k < min(first_issue, my_pages); ++k) issue_next_page();
 #pragma unroll

@@ -163,9 +163,9 @@ __device__ __forceinline__ void load_query_tile(__half (&q)[kKeyDim / kSw128Halv
                                                 const CoreParams& p, int64_t entry0, int tile_row0, int rows_m) {
   constexpr int kChunksPerRow = kKeyDim / 16;  // 36
   constexpr int kItems = kTileN * kChunksPerRow;
-  // NOTE: loads issued kBatch at a time before their conversions. One load, convert and store an item in a loop made a
-  // round trip an item (timeline, H100 2026-12-06: 2.8-7.7 µs from the PDL wait to the 48-row tile, 7 items a
-  // thread); all of them at once (9 at 64 rows) put 16-224 B of stack on the ping-pong kernels.
+  // NOTE: loads issued kBatch at a time before their conversions, not a load, convert and store an item (a round trip
+  // each where nothing else is in flight); all of them at once (9 at 64 rows) put 16-224 B of stack on the ping-pong
+  // kernels, batches of 4 none beyond main's.
   constexpr int kBatch = 4;
   for (int base = 0; base < kItems; base += kBatch * kThreads) {
     uint4 v[kBatch];

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     }
   };
   // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
-  // EXPERIMENT: the tile before the ring's first copies, so that its loads do not wait behind the page burst.
+  // NOTE: the tile before the ring's first copies: asked for after them, its loads waited behind every CTA's page burst
+  // (core_bench --timeline, H100 2026-12-06: 2.8-9.0 µs from the PDL wait to the tile at 48 / 64 rows, 5.4-6.1 after).
   load_query_tile<kTileN, kWgThreads>(smem.q, p, entry0, tile_row0, rows_m);
   for (int k = 0; k < min(kStages, my_pages); ++k) issue_own_part(k);
   fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
