@@ -135,6 +135,9 @@ struct Result {
 constexpr int kTimelineLaunches = 6;
 std::string core_timeline(const mla::core::CorePlan& plan, const std::function<mla::core::CoreArgs(int)>& core_args,
                           cudaStream_t stream) {
+  if (plan.kernel != mla::core::kKernelMmaSync && plan.kernel != mla::core::kKernelWgmmaPp) {
+    return "  (--timeline: this variant's kernel records no marks; the mma.sync and ping-pong kernels do)\n";
+  }
   const int split_ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
   const bool combine = plan.num_splits > 1 && !plan.merge_in_split;
   const int combine_ctas = combine ? int(plan.combine_grid.x * plan.combine_grid.y * plan.combine_grid.z) : 0;

@@ -144,7 +144,7 @@ inline constexpr int kCombineLoadsInFlight = 8;
 enum CoreMark : int {
   kCoreMarkStart,      // kernel entry
   kCoreMarkWaited,     // griddepcontrol.wait returned (its metadata was read before it)
-  kCoreMarkQuery,      // the first segment's query tile is in shared memory (its first page was asked for before it)
+  kCoreMarkQuery,      // the first segment's query tile is in shared memory (its loads go out before the first page's)
   kCoreMarkFirstPage,  // the first page has landed
   kCoreMarkPages,      // the last segment's page loop is done
   kCoreMarkEnd,        // the last stores are issued: dependents are triggered next
