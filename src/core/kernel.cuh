@@ -798,7 +798,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   // NOTE: the tile's loads (3 a thread) go out first, then the first page's copies, then the conversions: with the
   // page asked for first the loads waited behind every CTA's page burst (core_bench --timeline, H100 2026-12-06: 2.3-3.8
   // µs from the PDL wait to the tile). Loads before conversions alone: 1.003-1.023x; with the page after them too
-  // (both kernels): small cores under the 128k plan 1.009-1.060x, steps 1.004-1.062x (bench/results/core.md ~09:10 UTC).
+  // (both kernels): small cores under the 128k plan 1.009-1.060x, steps 1.004-1.062x (bench/results/core.md ~08:38 UTC).
   {
     constexpr int kItems = kBlockM * (kKeyDim / 16);
     constexpr int kItemsPerThread = (kItems + kNumThreads - 1) / kNumThreads;

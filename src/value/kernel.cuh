@@ -59,7 +59,7 @@ __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int
 // widened where it is used (80 registers a thread instead of 128), so that 3 CTAs fit an SM: H = 96's 384 one-row CTAs
 // run in one wave instead of 1.45. It costs the widening in the row loop, so only the plan's one-row rule uses it.
 // NOTE: the unpacked kernel's bound of 2 CTAs an SM keeps it at 128 registers: with a bound of 1 ptxas took 140, one
-// CTA an SM, and the H = 64 one-row step measured 0.966x (2026-12-06 ~07:55 UTC).
+// CTA an SM, and the H = 64 one-row step measured 0.966x (2026-12-06 ~07:40 UTC).
 template <bool kMergeDcp, bool kPackedSlice>
 __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kUnpackedCtasPerSm)
     value_kernel(const __grid_constant__ ValueParams p) {
