@@ -31,5 +31,26 @@ TEST(TimelineReport, GapSpanAndPerMarkMedians) {
   EXPECT_NE(report.find("end              +  4.50 us median, +  4.50 max"), std::string::npos) << report;
 }
 
+TEST(TimelineReport, MarksACtaDidNotRecordAreLeftOut) {
+  // One launch of 3 CTAs, marks start / page / end; CTA 2 has no page (stamp 0: not recorded), so its end counts
+  // from its start and the page line says how many CTAs it covers.
+  const int ctas = 3;
+  std::vector<uint64_t> stamps(size_t(ctas) * timeline::kMaxMarks, 0);
+  auto set = [&](int cta, std::vector<uint64_t> marks) {
+    for (size_t m = 0; m < marks.size(); ++m) stamps[size_t(cta) * timeline::kMaxMarks + m] = marks[m];
+  };
+  set(0, {1000, 3000, 4000});
+  set(1, {1000, 5000, 6000});
+  set(2, {2000, 0, 2500});
+  const std::vector<std::string> names = {"start", "page", "end"};
+  const bench::LaunchStamps launch{stamps.data(), ctas, &names};
+  EXPECT_EQ(launch.first_start(), 1000.0);
+  EXPECT_EQ(launch.last_end(), 6000.0);
+  const std::string report = bench::phase_report(launch);
+  // page: CTAs 0 and 1 only, 2.0 and 4.0 µs (median = the upper of two); end: {1.0, 1.0, 0.5} µs.
+  EXPECT_NE(report.find("page             +  4.00 us median, +  4.00 max (2 of 3 CTAs)"), std::string::npos) << report;
+  EXPECT_NE(report.find("end              +  1.00 us median, +  1.00 max\n"), std::string::npos) << report;
+}
+
 }  // namespace
 }  // namespace mla
