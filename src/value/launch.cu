@@ -132,6 +132,12 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
                                         std::to_string(params.num_heads) + " (plan_value)",
                        "rows=" + std::to_string(plan.rows) + " heads=" + std::to_string(plan.num_heads));
   }
+  // NOTE: the DCP merge runs only on the unpacked CUDA-core kernel (fp32 merged latent; plan_value never makes
+  // another pairing), so reaching this means a plan for another step.
+  if (merge && plan.kernel != ValueKernel::kCudaCore) {
+    throw_bad_argument("ValuePlan.kernel for num_partials = " + std::to_string(params.num_partials),
+                       "cuda-core (the DCP merge keeps its merged latent in fp32)", value_kernel_name(plan.kernel));
+  }
   const dim3 grid = value_grid(plan.kernel, params.rows, params.num_heads);
   if (plan.grid.x != grid.x || plan.grid.y != grid.y || plan.grid.z != grid.z) {
     throw_bad_argument("ValuePlan.grid", "the grid of the " + std::string(value_kernel_name(plan.kernel)) +
@@ -160,22 +166,10 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
       }
       return;
     case ValueKernel::kCudaCorePacked:
-      // NOTE: the DCP merge runs only on the unpacked kernel (plan_value); reaching this means a plan for another
-      // step.
-      if (merge) {
-        throw_bad_argument("ValuePlan.kernel for num_partials = " + std::to_string(params.num_partials),
-                           "cuda-core (the DCP merge)", value_kernel_name(plan.kernel));
-      }
       MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_kernel<false, true>, params));
       return;
     case ValueKernel::kTensorCore:
     case ValueKernel::kTensorCoreSplit:
-      // NOTE: the DCP merge stays on the CUDA-core kernel (fp32 merged latent); plan_value never makes
-      // this pairing, so reaching it means a plan for another step.
-      if (merge) {
-        throw_bad_argument("ValuePlan.kernel for num_partials = " + std::to_string(params.num_partials),
-                           "cuda-core (the DCP merge keeps its merged latent in fp32)", value_kernel_name(plan.kernel));
-      }
       if (params.latent == nullptr) throw_bad_argument("ValueParams.latent", "a device pointer", "null");
       require_aligned16("ValueParams.latent", params.latent);
       require_aligned16("ValueParams.w_uv", params.w_uv);
