@@ -33,13 +33,16 @@ struct LaunchStamps {
 };
 
 // Per mark the median and the maximum over CTAs of the time since that CTA's previous recorded mark (mark 0: since
-// the launch's first start); CTAs that did not record the mark are left out (and counted, if any).
+// the launch's first start), and which CTA (linear block index) took the maximum, so that a straggler can be named;
+// CTAs that did not record the mark are left out (and counted, if any).
 inline std::string phase_report(const LaunchStamps& launch) {
   std::string out;
   char line[200];
   const double start = launch.first_start();
   for (int m = 0; m < launch.marks(); ++m) {
     std::vector<double> step;
+    int slowest = -1;
+    double slowest_step = -1.0;
     for (int c = 0; c < launch.ctas; ++c) {
       if (launch.at(c, m) == 0) continue;
       double previous = start;
@@ -50,11 +53,15 @@ inline std::string phase_report(const LaunchStamps& launch) {
         }
       }
       step.push_back((launch.at(c, m) - previous) / 1e3);
+      if (step.back() > slowest_step) {
+        slowest_step = step.back();
+        slowest = c;
+      }
     }
     if (step.empty()) continue;
     std::sort(step.begin(), step.end());
-    std::snprintf(line, sizeof line, "    %-16s +%6.2f us median, +%6.2f max", (*launch.names)[m].c_str(),
-                  step[step.size() / 2], step.back());
+    std::snprintf(line, sizeof line, "    %-16s +%6.2f us median, +%6.2f max at CTA %d", (*launch.names)[m].c_str(),
+                  step[step.size() / 2], step.back(), slowest);
     out += line;
     if (int(step.size()) < launch.ctas) {
       std::snprintf(line, sizeof line, " (%d of %d CTAs)", int(step.size()), launch.ctas);
