@@ -554,7 +554,8 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
   }
 }
 
-// Flat slots merged in the split kernel (CoreParams::tile_counters, CorePlan::merge_in_split). Every thread of the CTA
+// Flat slots merged in the split kernel (CoreParams::tile_counters, CorePlan::merge_in_split), the ping-pong kernel's
+// way (the mma.sync kernel merges into its registers instead: core_split_kernel, Phase 5). Every thread of the CTA
 // calls this after its segment's stores; a segment that is one of several of its request takes a ticket on the
 // request's M-tile counter, and the CTA holding the last one (every other segment's partial is stored) resets the
 // counter to 0 for the next launch and merges the tile's rows from the request's slots as the combine would: latent
@@ -1073,10 +1074,27 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const bool direct = writes_directly<kSlots>(p, page_begin, my_pages, length);
   const float out_scale0 = direct ? inv0 * p.k_scale : inv0;
   const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
+  // Flat slots merged here (kSlotsFlatMerged) and the request spans several CTAs: each takes a ticket on the request's
+  // M-tile before its stores; the last one stores no partial of its own but merges the others' into its registers
+  // (merge_last_segment_in_registers), the others store theirs and count them.
+  bool merges_here = false;
+  int* tile_counter = nullptr;  // [arrived, stored] of the request's M-tile
+  FlatSlots request_slots;
+  if constexpr (kSlots == kSlotsFlatMerged) {
+    if (!direct) {
+      request_slots = flat_request_slots(request, cursor.request_begin, pages_of(length), cursor.pages_per_cta);
+      tile_counter = p.tile_counters + (int64_t{request} * gridDim.x + m_tile) * 2;
+      int* flag = reinterpret_cast<int*>(smem.s_part);  // free once the segment's pages are done
+      if (threadIdx.x == 0) *flag = atomicAdd(tile_counter, 1) == request_slots.count - 1 ? 1 : 0;
+      __syncthreads();
+      merges_here = *flag != 0;
+      __syncthreads();  // the flag is read by every thread before a later segment's pages rewrite s_part
+    }
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row0 : row1;
-    if (row >= rows_m) continue;
+    if (row >= rows_m || merges_here) continue;
     const float scale = half == 0 ? out_scale0 : out_scale1;
     const int64_t entry = entry0 + row;
 #pragma unroll
@@ -1099,9 +1117,98 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     }
   }
 
-  if constexpr (kSlots == kSlotsFlatMerged) {  // s_part: free once the segment's pages are done
-    merge_if_last_segment<kNumThreads, kBlockM, 4>(p, cursor, segment, m_tile, rows_m,
-                                                reinterpret_cast<float*>(smem.s_part));
+  if constexpr (kSlots == kSlotsFlatMerged) {
+    if (!direct && !merges_here) {
+      __threadfence();  // this thread's partial stores, before the CTA's count
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(tile_counter + 1) : "memory");
+    } else if (merges_here) {
+      if (threadIdx.x == 0) {
+        // Every other segment took its ticket before this one, so each is past its page loop: it stores and counts.
+        int stored = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(stored) : "l"(tile_counter + 1) : "memory");
+        } while (stored < request_slots.count - 1);
+        tile_counter[0] = 0;  // nobody reads the counters again this launch
+        tile_counter[1] = 0;
+      }
+      __syncthreads();  // the other segments' partials, seen through thread 0's acquire
+      const int own_slot = static_cast<int>(partial_row0 / rows_m);
+      const float own_lse[2] = {lse0, lse1};
+      const float own_inv[2] = {inv0, inv1};
+      // Per row (g, g + 8) and 32-dim chunk: a running LSE fold (natural log) over the request's slots in slot order,
+      // this segment's from its registers (the fp32 values and LSE it would have stored), so that the result does not
+      // depend on which segment arrives last (graph replays and direct launches give the same bytes). A chunk at a
+      // time: both chunks' loads at once spill at two CTAs an SM.
+#pragma unroll
+      for (int ch = 0; ch < kDimsPerWarp / 32; ++ch) {
+        float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f}, v[2][2][4] = {};
+        for (int slot = request_slots.first; slot < request_slots.first + request_slots.count; ++slot) {
+          float x[2];
+          float4 w[2][2];
+          if (slot == own_slot) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              x[half] = own_lse[half];
+#pragma unroll
+              for (int b = 0; b < 2; ++b) {
+                w[half][b] = make_float4(acc[ch][2 * b][2 * half] * own_inv[half],
+                                         acc[ch][2 * b + 1][2 * half] * own_inv[half],
+                                         acc[ch][2 * b][2 * half + 1] * own_inv[half],
+                                         acc[ch][2 * b + 1][2 * half + 1] * own_inv[half]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // both rows' loads at once (a padded row reads row 0's)
+              const int row = half == 0 || row1 >= rows_m ? row0 : row1;
+              const int64_t prow = int64_t{slot} * rows_m + row;
+              x[half] = __ldcg(p.partial_lse + prow);
+#pragma unroll
+              for (int b = 0; b < 2; ++b) {
+                w[half][b] = __ldcg(reinterpret_cast<const float4*>(
+                    p.partial_latent + prow * kKvLoraRank + warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c));
+              }
+            }
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            if (x[half] == -INFINITY) continue;  // the slot's rows see nothing: weight 0
+            float keep = 1.0f, weight;
+            if (x[half] > fold_max[half]) {
+              keep = fold_max[half] == -INFINITY ? 0.0f : __expf(fold_max[half] - x[half]);
+              weight = 1.0f;
+              fold_max[half] = x[half];
+            } else {
+              weight = __expf(x[half] - fold_max[half]);
+            }
+            fold_sum[half] = fold_sum[half] * keep + weight;
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+              v[half][b][0] = v[half][b][0] * keep + weight * w[half][b].x;
+              v[half][b][1] = v[half][b][1] * keep + weight * w[half][b].y;
+              v[half][b][2] = v[half][b][2] * keep + weight * w[half][b].z;
+              v[half][b][3] = v[half][b][3] * keep + weight * w[half][b].w;
+            }
+          }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = half == 0 ? row0 : row1;
+          if (row >= rows_m) continue;
+          const float scale = fold_sum[half] > 0.0f ? __fdividef(p.k_scale, fold_sum[half]) : 0.0f;
+          const int64_t entry = entry0 + row;
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            store_latent4(p, /*direct=*/true, 0, entry, warp * kDimsPerWarp + ch * 32 + 16 * b + 4 * c,
+                          v[half][b][0] * scale, v[half][b][1] * scale, v[half][b][2] * scale, v[half][b][3] * scale);
+          }
+          if (ch == 0 && warp == 0 && c == 0) {
+            p.lse[entry] = fold_sum[half] > 0.0f ? fold_max[half] + logf(fold_sum[half]) : -INFINITY;
+          }
+        }
+      }
+    }
   }
 
   g0 += my_pages;

@@ -250,7 +250,8 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
   plan.merge_in_split = plan.flat_slots && (plan.num_splits == 1 || (plan.num_splits == 2 &&
                                                                      plan.tile_rows <= kMaxRowsMergedAtTwoSplits));
-  plan.tile_counters = plan.merge_in_split ? requests * plan.m_tiles : 0;
+  // Two ints a (request, M-tile): the mma.sync kernel counts arrivals and stored partials, the ping-pong one the first.
+  plan.tile_counters = plan.merge_in_split ? 2 * requests * plan.m_tiles : 0;
   // The balanced and flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
   if (plan.balanced_slots || plan.flat_slots) {
     const KernelFn dealt = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;

@@ -43,7 +43,9 @@ struct CoreParams {
                                     // written by the CTA holding its first page, for the combine (no page scan);
                                     // null where the split kernel merges itself (tile_counters)
   int* tile_counters = nullptr;     // flat slots merged in the split kernel (CorePlan::merge_in_split), else null:
-                                    // [grid_requests][m_tiles] segments arrived; zero before and after each launch
+                                    // [grid_requests][m_tiles][2]: mma.sync: segments arrived, partials stored;
+                                    // ping-pong: [grid_requests][m_tiles] segments arrived (the first half);
+                                    // zero before and after each launch
   // ---- Profiling only (MLA_TIMELINE builds; common/timeline.cuh) ----
   uint64_t* timeline = nullptr;     // [grid CTAs, timeline::kMaxMarks] %globaltimer stamps (CoreMark), or null
 };

@@ -469,7 +469,7 @@ TEST(CorePlan, FillsTheMachine) {
       const core::CorePlan plan = core::plan_core({.rows = 8, .heads = heads, .q = 1, .num_splits = splits});
       const bool merged = splits == 1 || (splits == 2 && plan.tile_rows <= core::kMaxRowsMergedAtTwoSplits);
       EXPECT_EQ(plan.merge_in_split, merged) << heads << " heads, " << splits << " splits";
-      EXPECT_EQ(plan.tile_counters, merged ? 8 * plan.m_tiles : 0) << heads << " heads, " << splits << " splits";
+      EXPECT_EQ(plan.tile_counters, merged ? 2 * 8 * plan.m_tiles : 0) << heads << " heads, " << splits << " splits";
     }
   }
   EXPECT_TRUE(core::plan_core({.rows = 8, .heads = 16, .q = 1, .num_splits = 2}).merge_in_split);   // mma.sync, 16 rows
