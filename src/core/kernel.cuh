@@ -1076,7 +1076,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
   const float out_scale1 = direct ? inv1 * p.k_scale : inv1;
   // Flat slots merged here (kSlotsFlatMerged) and the request spans several CTAs: each takes a ticket on the request's
   // M-tile before its stores; the last one stores no partial of its own but merges the others' into its registers
-  // (merge_last_segment_in_registers), the others store theirs and count them.
+  // (after the stores below), the others store theirs and count them.
   bool merges_here = false;
   int* tile_counter = nullptr;  // [arrived, stored] of the request's M-tile
   FlatSlots request_slots;
