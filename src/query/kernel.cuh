@@ -3,9 +3,9 @@
 //
 // Grid (C, row tiles, H), clusters of C CTAs along x: the cluster of (row tile, head) owns that head
 // for those rows, so the head's q never leaves it. CTA r of the cluster:
-//   0. before griddepcontrol.wait: cp.async of its W_UK_T[h] column slice (FusedSmemPlan::col_begin) into shared
-//      memory, and the first kFusedPrefetch chunks of its q_b_proj K slice into registers (neither
-//      depends on the producer of `projected`);
+//   0. before griddepcontrol.wait: the first kFusedPrefetch chunks of its q_b_proj K slice into registers, then
+//      cp.async of its W_UK_T[h] column slice (FusedSmemPlan::col_begin) into shared memory (neither depends on
+//      the producer of `projected`);
 //   1. RMSNorm(q_a) of the tile's rows, its K slice of qn to shared memory; the cache rows of the tile (spread over
 //      all CTAs: row rr by CTA rr % CTAs, in the warp that norms it, its loads beside the q_a ones);
 //   2. partial q = q_b_proj[h] . qn over its K slice on mma.sync (weights global -> registers);
@@ -87,15 +87,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   MLA_TIMELINE_MARK(p.timeline, kMarkStart);
 
   // Phase 0: weight traffic that does not depend on the producer, issued before the wait.
-  if (!rope_cta) {
-    const __nv_bfloat16* src = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
-    const int vecs_per_row = cols_here / 8;
-    for (int i = threadIdx.x; i < kNopeDim * vecs_per_row; i += kFusedThreads) {
-      const int d = i / vecs_per_row, v = i % vecs_per_row;
-      cp_async_16(s_w + d * kWStride + v * 8, src + int64_t(d) * kKvLoraRank + v * 8);
-    }
-    cp_async_commit();
-  }
   // Warp w owns features [16w, 16w+16) of the head; lane (g, t) streams rows g and g+8 of that tile
   // at k = k0 + 32c + 8t (the permutation of k that the B fragments below repeat; see proj_kernel).
   const __nv_bfloat16* w_lo =
@@ -108,6 +99,17 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       a_lo[i] = load_stream(w_lo + i * kKChunk);
       a_hi[i] = load_stream(w_hi + i * kKChunk);
     }
+  }
+  // W_UK_T's slice after the first q_b_proj chunks: the absorption needs it last. NOTE: measured (H100, 2026-12-06,
+  // two calls): issued before the chunks it held up the projection, 1.02-1.04x slower at H = 12-64 x 1-16 rows.
+  if (!rope_cta) {
+    const __nv_bfloat16* src = p.w_uk_t + int64_t(head) * kNopeDim * kKvLoraRank + col0;
+    const int vecs_per_row = cols_here / 8;
+    for (int i = threadIdx.x; i < kNopeDim * vecs_per_row; i += kFusedThreads) {
+      const int d = i / vecs_per_row, v = i % vecs_per_row;
+      cp_async_16(s_w + d * kWStride + v * 8, src + int64_t(d) * kKvLoraRank + v * 8);
+    }
+    cp_async_commit();
   }
 
   // q_a_norm's weights for this lane's columns of the K slice (the norm below: column (j*32 + lane)*8,
