@@ -160,6 +160,15 @@ int choose_splits(int64_t work, int64_t slots, int64_t max_splits) {
   return best;
 }
 
+// NOTE: measured (H100, 2026-12-06, core_bench --splits, bench/results/core.md): 1 x 128k x 16 251 -> 264 splits 42.9 ->
+// 42.3 µs, 1 x 1M x 12 217.1 -> 213.3, 1 x 32k x 12 (3 -> 2 pages a split) 18.8 -> 17.6. With four requests the whole
+// wave was slower (4 x 32k x 12: 63 splits 41.6 µs, 66: 43.9), so only one request's count is raised.
+int choose_splits_one_request(int64_t tiles, int64_t slots, int64_t max_splits) {
+  const int splits = choose_splits(tiles, slots, max_splits);
+  if (tiles * splits > slots) return splits;
+  return static_cast<int>(std::max<int64_t>(splits, std::min(max_splits, slots / tiles)));
+}
+
 int combine_warps_per_entry(int num_splits) {
   int warps = 1;
   while (warps < kCombineMaxWarps && warps * kCombineLoadsInFlight < num_splits) warps *= 2;
@@ -230,7 +239,13 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     }
     plan.num_splits = shape.num_splits;
   } else {
-    plan.num_splits = choose_splits(requests * plan.m_tiles, int64_t{plan.num_sms} * plan.ctas_per_sm, max_splits);
+    const int64_t slots = int64_t{plan.num_sms} * plan.ctas_per_sm;
+    // The whole wave only on mma.sync: the ping-pong kernel gained at long requests (1 x 128k x 64 1.05x) but lost
+    // where a request far shorter than max_context got one-page splits instead of two (1 x 4k x 96 under a 128k
+    // plan 0.89x, its step 0.95x; bench/results/core.md 2026-12-06).
+    plan.num_splits = requests == 1 && plan.kernel == kKernelMmaSync
+                          ? choose_splits_one_request(plan.m_tiles, slots, max_splits)
+                          : choose_splits(requests * plan.m_tiles, slots, max_splits);
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
   // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own

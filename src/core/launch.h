@@ -95,6 +95,11 @@ int choose_wgmma_tile(int rows_m);
 // (pure host rule, no CUDA call).
 int choose_splits(int64_t work, int64_t slots, int64_t max_splits);
 
+// The split count of a batch of one request (its `tiles` M-tiles): choose_splits' count, raised to the whole wave
+// (slots / tiles, up to max_splits) where that count fits in one wave. One request's longest split holds
+// ceil(pages / splits) pages, so the wave's last slots shorten it (pure host rule, no CUDA call).
+int choose_splits_one_request(int64_t tiles, int64_t slots, int64_t max_splits);
+
 // The combine's warps per (entry, 128-dim chunk) for `num_splits` splits: the smallest power of two up to
 // kCombineMaxWarps whose warps, kCombineLoadsInFlight rows each, take every split in one round (pure).
 int combine_warps_per_entry(int num_splits);

@@ -62,6 +62,35 @@ TEST(CorePlanSplits, FewestSplitsFillingWholeWaves) {
   }
 }
 
+// choose_splits_one_request: one request fills the whole wave where the fewest-splits count fits in one.
+TEST(CorePlanSplits, OneRequestFillsTheWave) {
+  using core::choose_splits;
+  using core::choose_splits_one_request;
+  EXPECT_EQ(choose_splits_one_request(1, 264, 1024), 264);  // mma.sync, 2 CTAs/SM: every slot (251 before)
+  EXPECT_EQ(choose_splits_one_request(1, 132, 1024), 132);  // 1 CTA/SM (126 before)
+  EXPECT_EQ(choose_splits_one_request(2, 132, 1024), 66);   // two 48-row tiles (H96): 2 x 66 slots
+  EXPECT_EQ(choose_splits_one_request(1, 264, 32), 32);     // still bounded by max_context's pages / 2
+  EXPECT_EQ(choose_splits_one_request(132, 132, 1024), 1);  // already one full wave
+  EXPECT_EQ(choose_splits_one_request(300, 264, 1024), choose_splits(300, 264, 1024));  // more than a wave
+  for (int64_t tiles : {1, 2, 3, 7, 16, 64, 100, 129, 300}) {
+    for (int64_t slots : {132, 264}) {
+      for (int64_t max_splits : {1, 2, 31, 1024}) {
+        SCOPED_TRACE(::testing::Message() << tiles << " tiles on " << slots << " slots, <= " << max_splits);
+        const int base = choose_splits(tiles, slots, max_splits);
+        const int s = choose_splits_one_request(tiles, slots, max_splits);
+        EXPECT_GE(s, base);
+        EXPECT_LE(s, max_splits);
+        if (tiles * base <= slots) {
+          EXPECT_LE(tiles * s, slots);  // one wave still
+          EXPECT_TRUE(s == max_splits || tiles * (s + 1) > slots) << s;  // and as full as the bound allows
+        } else {
+          EXPECT_EQ(s, base);
+        }
+      }
+    }
+  }
+}
+
 // combine_warps_per_entry: every split in one round of kCombineLoadsInFlight rows a warp, up to the cap.
 TEST(CorePlanCombine, WarpsTakeEverySplitInOneRound) {
   using core::combine_warps_per_entry;
