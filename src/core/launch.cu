@@ -166,7 +166,7 @@ int choose_splits(int64_t work, int64_t slots, int64_t max_splits) {
 int choose_splits_one_request(int64_t tiles, int64_t slots, int64_t max_splits) {
   const int splits = choose_splits(tiles, slots, max_splits);
   if (tiles * splits > slots) return splits;
-  return static_cast<int>(std::max<int64_t>(splits, std::min(max_splits, slots / tiles)));
+  return static_cast<int>(std::min(max_splits, slots / tiles));  // >= splits: that count fits both bounds
 }
 
 int combine_warps_per_entry(int num_splits) {
