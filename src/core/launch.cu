@@ -162,7 +162,8 @@ int choose_splits(int64_t work, int64_t slots, int64_t max_splits) {
 
 // NOTE: measured (H100, 2026-12-06, core_bench --splits, bench/results/core.md): 1 x 128k x 16 251 -> 264 splits 42.9 ->
 // 42.3 µs, 1 x 1M x 12 217.1 -> 213.3, 1 x 32k x 12 (3 -> 2 pages a split) 18.8 -> 17.6. With four requests the whole
-// wave was slower (4 x 32k x 12: 63 splits 41.6 µs, 66: 43.9), so only one request's count is raised.
+// wave was slower (4 x 32k x 12: 63 splits 41.6 µs, 66: 43.9), with two mixed (2 x 32k 1.01-1.03x, 2 x 1M 0.991, the
+// 2 x 4k x H12 step 0.962; branch core-wave-two), so only one request's count is raised.
 int choose_splits_one_request(int64_t tiles, int64_t slots, int64_t max_splits) {
   const int splits = choose_splits(tiles, slots, max_splits);
   if (tiles * splits > slots) return splits;
