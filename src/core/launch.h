@@ -77,7 +77,8 @@ struct CorePlan {
                                // more than one request and num_splits * requests <= 65535
   int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
   bool merge_in_split = false; // flat slots at one split (two at <= kMaxRowsMergedAtTwoSplits rows): the segment CTA that finishes a
-                               // request's M-tile last merges it (kernel.cuh, merge_if_last_segment); no combine
+                               // request's M-tile last merges it (kernel.cuh: mma.sync into its registers, core_split_kernel;
+                               // ping-pong merge_if_last_segment); no combine
   int64_t tile_counters = 0;   // ints of CoreArgs::tile_counters the merge needs: 2 * requests * m_tiles (0: none)
   size_t smem_bytes = 0;       // dynamic shared memory of the split kernel
   size_t workspace_bytes = 0;  // device workspace the caller provides (0 when the split kernel writes the latent)
