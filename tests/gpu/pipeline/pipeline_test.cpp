@@ -1,13 +1,18 @@
 // The prepared pipeline end to end (query kernel -> core -> value kernel, PDL-chained) against
 // mla::ref::run_layer on the same synthetic inputs: the written cache rows within one e4m3 step, the
 // rest of the cache untouched, `out` within a stated per-(row, head) bound, zero rows exactly +0;
-// and CUDA-graph replays with changing lengths, block tables and slots.
+// fixed and randomly drawn shapes; and CUDA-graph replays with changing lengths, block tables and slots.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -96,17 +101,28 @@ struct PipelineCase {
   int heads;
   int q;
   std::vector<int> lengths;
-  int padded_requests = 0;
+  int padded_requests = 0;                  // rows = max(padded_requests, requests) * q (StepSpec)
+  int64_t max_context = int64_t{1} << 17;   // >= every length; bounds the core's split count
+  int pitch_padding = 64;                   // elements past the row: a multiple of 8 (16-byte aligned rows)
 };
 
 void run_case(const PipelineCase& c, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "H=" << c.heads << " q=" << c.q << " requests=" << c.lengths.size());
+  const int64_t pitch = projected_width(c.heads) + c.pitch_padding;
+  std::ostringstream description;
+  description << "H=" << c.heads << " q=" << c.q << " lengths={";
+  for (size_t b = 0; b < c.lengths.size(); ++b) description << (b ? "," : "") << c.lengths[b];
+  description << "} padded_requests=" << c.padded_requests << " max_context=" << c.max_context << " pitch=" << pitch
+              << " (row + " << c.pitch_padding << ") seed=" << seed;
+  SCOPED_TRACE(description.str());
+  // Flushed: if the step hangs or crashes, the log still names the case.
+  std::printf("    case %s\n", description.str().c_str());
+  std::fflush(stdout);
   const synth::SyntheticLayer layer = synth::make_layer(c.heads, seed);
   synth::StepSpec spec;
   spec.q = c.q;
   spec.lengths = c.lengths;
   spec.padded_requests = c.padded_requests;
-  spec.pitch = ((projected_width(c.heads) + 64 + 7) / 8) * 8;  // larger than the row, 16-byte aligned
+  spec.pitch = pitch;
   spec.extra_pages = 2;
   spec.seed = seed;
   synth::SyntheticStep step = synth::make_step(layer, spec);
@@ -118,7 +134,7 @@ void run_case(const PipelineCase& c, uint64_t seed) {
   DeviceBuffer<uint8_t> scratch(step.rows * c.heads * kKeyDim);
   PreparedMla mla(device_layer.weights, layer.dims, {{step.rows, step.pitch}},
                   make_view(scratch.get(), DType::kFP8E4M3, Memory::kDevice, {step.rows, c.heads, kKeyDim}),
-                  {.max_context = 1 << 17, .queries = {c.q}});
+                  {.max_context = c.max_context, .queries = {c.q}});
   StepInputs inputs = device_step.inputs(step);
   EXPECT_EQ(mla.device_bytes(), 0u);
   mla.prepare(inputs.cache);
@@ -148,6 +164,67 @@ TEST(Pipeline, EdgeLengthsAndPadding) {
   run_case({12, 1, {0, 1, 63, 64, 65}, 8}, 601);   // an empty request and three padding requests
   run_case({16, 4, {2, 0, 4097}, 4}, 602);         // L < q: the first rows see nothing
   run_case({12, 1, {20000}}, 603);                 // long context: split-KV
+}
+
+// Bounds sum(lengths) * H * q of a random case: the reference's core visits each (row, head, token) twice
+// (run_layer, then on the GPU's query bytes) at 0.5-1 us of one core (an EPYC core, measured), so at most
+// ~2 s a case on 16 cores, ~25 s for 12 cases that all reach it.
+constexpr int64_t kMaxReferenceWork = int64_t{1} << 24;
+
+// A random case: heads (K3's per-GPU counts and the core's tile edges most often), q, 1-8 requests and up to 3
+// padding requests, lengths at the page and q edges or random, max_context (hence the core's split count and its
+// deal of the pages) from the longest length up, and the pitch.
+PipelineCase random_case(synth::Rng& rng) {
+  // rng() % n, not std::uniform_int_distribution (its algorithm differs between standard libraries), so that a seed
+  // names the same cases everywhere; the modulo bias does not matter here.
+  auto uniform = [&](int lo, int hi) { return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  auto pick = [&](std::initializer_list<int> values) { return values.begin()[uniform(0, int(values.size()) - 1)]; };
+  PipelineCase c;
+  c.heads = uniform(0, 3) == 0 ? uniform(1, kMaxHeads) : pick({1, 3, 8, 12, 16, 24, 40, 48, 64, 80, 96, 128});
+  c.q = uniform(0, 1) == 0 ? 1 : uniform(1, kMaxQueries);  // plain decode (no draft tokens) half the time
+  const int requests = uniform(1, 8);
+  const int64_t token_budget = kMaxReferenceWork / (int64_t{c.heads} * c.q);
+  const int longest_random = static_cast<int>(std::min<int64_t>(20000, token_budget / requests));
+  int64_t tokens = 0;
+  for (int b = 0; b < requests; ++b) {
+    const int drawn = uniform(0, 1) == 0 ? pick({0, 1, c.q - 1, c.q, 63, 64, 65, 127, 128, 4097})
+                                         : uniform(0, longest_random);
+    c.lengths.push_back(static_cast<int>(std::min<int64_t>(drawn, token_budget - tokens)));
+    tokens += c.lengths.back();
+  }
+  const int padding = uniform(0, 3);
+  c.padded_requests = padding > 0 ? requests + padding : 0;
+  // The library takes no length above max_context; max_context = 1 (all lengths 0) is its smallest.
+  const int64_t longest = std::max(1, *std::max_element(c.lengths.begin(), c.lengths.end()));
+  std::vector<int64_t> contexts;
+  for (int64_t context : {longest, int64_t{1} << 13, int64_t{1} << 15, int64_t{1} << 17}) {
+    if (context >= longest) contexts.push_back(context);
+  }
+  c.max_context = contexts[uniform(0, int(contexts.size()) - 1)];
+  c.pitch_padding = 8 * uniform(1, 64);
+  return c;
+}
+
+// An unsigned integer from the environment, or `fallback` where `name` is unset.
+uint64_t env_or(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::stoull(value) : fallback;
+}
+
+// A fresh seed each run (MLA_FUZZ_SEED=S replays run S; with a larger MLA_FUZZ_CASES its first cases are the same).
+TEST(Pipeline, RandomShapes) {
+  MLA_REQUIRE_GPU();
+  const uint64_t seed = env_or("MLA_FUZZ_SEED", std::random_device{}());
+  const uint64_t num_cases = env_or("MLA_FUZZ_CASES", 12);
+  std::printf("    fuzz seed %llu, %llu cases (MLA_FUZZ_SEED=%llu reproduces)\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(num_cases), static_cast<unsigned long long>(seed));
+  std::fflush(stdout);  // a hang or crash must still leave the seed in the log
+  SCOPED_TRACE(::testing::Message() << "MLA_FUZZ_SEED=" << seed);
+  synth::Rng rng(seed);
+  for (uint64_t i = 0; i < num_cases; ++i) {
+    const PipelineCase c = random_case(rng);
+    run_case(c, rng());
+  }
 }
 
 TEST(Pipeline, GraphReplaysWithChangingMetadata) {
