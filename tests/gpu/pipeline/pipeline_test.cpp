@@ -227,11 +227,11 @@ TEST(Pipeline, RandomShapes) {
   }
 }
 
-TEST(Pipeline, GraphReplaysWithChangingMetadata) {
-  MLA_REQUIRE_GPU();
-  const int heads = 12, q = 2, requests = 4;
-  const synth::SyntheticLayer layer = synth::make_layer(heads, 700);
-  // Every step has the same shapes (rows, max_pages, pages) and new lengths / tables / slots.
+// One graph captured, then replayed over steps of the same shapes (rows, max_pages, pages) with new lengths, block
+// tables and slots, each checked against the reference.
+void replay_with_changing_metadata(int heads, int q, int requests, uint64_t seed0) {
+  SCOPED_TRACE(::testing::Message() << "H=" << heads << " q=" << q << " requests=" << requests);
+  const synth::SyntheticLayer layer = synth::make_layer(heads, seed0);
   auto make = [&](uint64_t seed) {
     synth::StepSpec spec;
     spec.q = q;
@@ -243,7 +243,7 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
     spec.seed = seed;
     return synth::make_step(layer, spec);
   };
-  synth::SyntheticStep step = make(701);
+  synth::SyntheticStep step = make(seed0 + 1);
   const test::DeviceWeights device_layer(layer.weights());
   DeviceStep device_step(step);
   device_step.upload(step);
@@ -264,7 +264,7 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
   MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
   for (uint64_t replay = 0; replay < 4; ++replay) {
-    synth::SyntheticStep next = make(710 + replay);
+    synth::SyntheticStep next = make(seed0 + 10 + replay);
     ASSERT_EQ(next.rows, step.rows);
     ASSERT_EQ(next.num_pages, step.num_pages);
     ASSERT_EQ(next.max_pages, step.max_pages);
@@ -278,6 +278,25 @@ TEST(Pipeline, GraphReplaysWithChangingMetadata) {
   MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   MLA_CUDA_CHECK(cudaGraphDestroy(graph));
   MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(Pipeline, GraphReplaysWithChangingMetadata) {
+  MLA_REQUIRE_GPU();
+  replay_with_changing_metadata(12, 2, 4, 700);
+  // One request: all of the plan's splits (264 at 1 << 17 context) for 0-16 pages, which change from replay to replay.
+  replay_with_changing_metadata(12, 1, 1, 720);
+}
+
+// One request (the step an engine runs at batch 1): its splits fill the machine, and the combine merges them.
+TEST(Pipeline, OneRequest) {
+  MLA_REQUIRE_GPU();
+  run_case({12, 1, {4097}}, 801);
+  run_case({64, 1, {30000}}, 802);
+  run_case({48, 1, {65}}, 803);
+  run_case({8, 4, {700}}, 804);   // 32 rows x heads: the ping-pong core under it
+  run_case({16, 2, {1}}, 805);    // one nonempty split
+  run_case({12, 1, {0}}, 806);    // an empty request: zero rows
+  run_case({12, 3, {2}}, 807);    // L < q: the first row sees nothing
 }
 
 // Two layers (a 4-row fused-query shape and a 128-row GEMM-path shape, whose cuBLAS workspace then
