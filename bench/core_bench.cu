@@ -4,7 +4,7 @@
 // visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
-//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...]
+//   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
 //              [--max-context TOKENS] [--peer LIB.so] [--timeline]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
@@ -77,12 +77,9 @@ struct Variant {
   const char* name;
   int kernel;  // CoreShape.kernel (0 = planned)
   int stages;  // CoreShape.stages (0 = default)
-  int tile_rows = 0;  // CoreShape.tile_rows (0 = planned)
 };
 constexpr Variant kVariants[] = {{"planned", 0, 0},          {"mma.sync", mla::core::kKernelMmaSync, 2},
                                  {"mma.sync3", mla::core::kKernelMmaSync, 3}, {"mma.sync4", mla::core::kKernelMmaSync, 4},
-                                 {"wgmma2", mla::core::kKernelWgmma, 2},     {"wgmma3", mla::core::kKernelWgmma, 3},
-                                 {"wgmma-tile64", mla::core::kKernelWgmma, 2, 64},
                                  {"wgmma-pp2", mla::core::kKernelWgmmaPp, 2}, {"wgmma-pp3", mla::core::kKernelWgmmaPp, 3}};
 
 constexpr float kSoftmaxScale = 0.0721688f;  // 1/sqrt(192), k_scale 1: the logits of ours and the stock path
@@ -135,9 +132,6 @@ struct Result {
 constexpr int kTimelineLaunches = 6;
 std::string core_timeline(const mla::core::CorePlan& plan, const std::function<mla::core::CoreArgs(int)>& core_args,
                           cudaStream_t stream) {
-  if (plan.kernel != mla::core::kKernelMmaSync && plan.kernel != mla::core::kKernelWgmmaPp) {
-    return "  (--timeline: this variant's kernel records no marks; the mma.sync and ping-pong kernels do)\n";
-  }
   const int split_ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
   const bool combine = plan.num_splits > 1 && !plan.merge_in_split;
   const int combine_ctas = combine ? int(plan.combine_grid.x * plan.combine_grid.y * plan.combine_grid.z) : 0;
@@ -271,7 +265,6 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   shape.max_context = std::max<int64_t>(max_length, max_context);
   shape.kernel = variant.kernel;
   shape.stages = variant.stages;
-  shape.tile_rows = variant.tile_rows;
   shape.num_splits = num_splits;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
@@ -424,7 +417,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
-                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma2|wgmma3|wgmma-tile64|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
+                   "planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
                    "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]\n",
                    argv[i]);
       return 2;

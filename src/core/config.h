@@ -65,11 +65,10 @@ struct SharedMemoryPlan {
   alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
 };
 
-// ---- wgmma kernel (kernel_wgmma.cuh) ----------------------------------------------------------------
-// One CTA = two consumer warpgroups over one (request, split, N-tile) where the N side holds kTileN of
-// the request's folded M rows ("swap AB": the 64 tokens of a page are the wgmma M side, so H·q = 16
-// wastes nothing). Warpgroup w computes S^T for tile rows [w·kTileN/2, (w+1)·kTileN/2) and O^T for
-// latent dims [256w, 256w + 256) over all kTileN rows.
+// ---- wgmma (the helpers: kernel_wgmma.cuh) ------------------------------------------------------------
+// One CTA = two warpgroups over one (request, split, N-tile) where the N side holds kTileN of the request's folded M
+// rows ("swap AB": the 64 tokens of a page are the wgmma M side, so H·q = 16 wastes nothing). Warpgroup w computes
+// O^T for latent dims [256w, 256w + 256) over all kTileN rows.
 inline constexpr int kWgThreads = 256;
 inline constexpr int kWgDims = kKvLoraRank / 2;      // latent dims per warpgroup
 inline constexpr int kSw64Bytes = 64;                // K-major 64-byte swizzle: one column block's row
@@ -85,25 +84,13 @@ static_assert(kKvLoraRank == 2 * kWgDims && kWgDims == 4 * 64, "each warpgroup o
 // row r at c ^ (r & 7)), its k order permuted within each 16-element step to match the K fragments
 // (kernel_wgmma.cuh). P^T: [row kTileN][64 tokens] fp16, the same 128-byte swizzle.
 inline constexpr int kSw128Halves = 64;  // f16 elements of one 128-byte swizzle row
-template <int kTileN, int kStages>
-struct WgmmaSharedMemoryPlan {
-  alignas(1024) uint8_t kv[kStages][kPageBytes];
-  alignas(1024) __half q[kKeyDim / kSw128Halves][kTileN][kSw128Halves];
-  alignas(1024) __half p[2][kTileN][kPageSize];  // double-buffered: the other warpgroup may still read
-  float alpha[2][kTileN];                        // per-row rescale of this page (double-buffered)
-  float red[2][4][kTileN / 2];                   // [warpgroup][warp][row]: page row max / final sums
-  float4 swap[2][kTileN / 16][128];              // Q·K^T partials for warpgroup w's rows, from the other
-  float row_sum[kTileN];                         // softmax sums, for the other warpgroup's rows
-  alignas(8) uint64_t full[kStages];
-  static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64 (m64nNk16 with N/2 a multiple of 8)");
-};
 
 // ---- Ping-pong wgmma kernel (kernel_wgmma_pp.cuh) -----------------------------------------------------
 // Two warpgroups over one (request, split, N-tile) taking the pages in turns: warpgroup k % 2 runs page k's
 // Q·K^T and softmax, both run its P·V for their 256 latent dims.
 template <int kTileN, int kStages>
 struct WgmmaPpSharedMemoryPlan {
-  alignas(1024) uint8_t kv[kStages][kPageBytes];                  // page ring, layout as WgmmaSharedMemoryPlan
+  alignas(1024) uint8_t kv[kStages][kPageBytes];                  // page ring, the 64-byte-swizzle layout above
   alignas(1024) __half q[kKeyDim / kSw128Halves][kTileN][kSw128Halves];
   alignas(1024) __half p[2][kTileN][kPageSize];                   // P^T of page k in buffer k % 2 (its owner's)
   float alpha[2][kTileN];                                         // per-row rescale of that P^T's page

@@ -665,26 +665,6 @@ __device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const
   __syncthreads();  // the scratch rows and the flag may be rewritten by the next segment
 }
 
-// Page `page` of a request (block-table row `pages`, `length` tokens) as 2304 16-byte cp.async by
-// kThreads threads, consecutive threads on consecutive chunks of a row: chunk `chunk` of row r lands at
-// dst(r, chunk). Rows past the length are zero-filled (src size 0), never read: the cache may hold
-// anything there (NaN bytes included) and p = 0 times NaN would poison the accumulators.
-template <int kThreads, class Dst>
-__device__ __forceinline__ void copy_page_async(const CoreParams& p, const int32_t* pages, int page, int length,
-                                                Dst dst) {
-  const int valid = static_cast<int>(min(int64_t{kPageSize}, length - int64_t{page} * kPageSize));
-  const uint8_t* src = p.cache + int64_t{pages[page]} * p.stride_cache_page;
-  constexpr int kChunksPerRow = kKeyDim / 16;  // 36
-  static_assert(kPageSize * kChunksPerRow % kThreads == 0, "whole cp.async chunks per thread");
-#pragma unroll
-  for (int i = 0; i < kPageSize * kChunksPerRow / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int r = idx / kChunksPerRow;
-    const int chunk = idx % kChunksPerRow;
-    cp_async_16(dst(r, chunk), src + r * kKeyDim + chunk * 16, r < valid ? 16u : 0u);
-  }
-}
-
 // The value, hidden from the optimizer (keeps a loop-invariant computation inside the loop).
 __device__ __forceinline__ uint32_t opaque(uint32_t v) {
   asm volatile("" : "+r"(v));

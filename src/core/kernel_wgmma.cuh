@@ -1,31 +1,20 @@
-// The FP8 attention core, wgmma version (sm_90a Hopper warpgroup MMAs), DESIGN.md §4.
+// wgmma helpers of the FP8 attention core (sm_90a Hopper warpgroup MMAs), DESIGN.md §4: the PTX wrappers, operand
+// fragments, layouts and epilogue stores that the ping-pong kernel (kernel_wgmma_pp.cuh) is built from. The lockstep
+// two-warpgroup kernel that first used them was removed on 2026-12-06 (never planned; src/core/README.md).
 //
-// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y and z = the split and the
-// request (slot_split). Block: two warpgroups. "Swap AB": the 64 tokens of a page are the wgmma M side and the
-// attention rows the N side, so H·q = 16 runs an m64n16 tile without padding. Per page:
-//   1. wait for the page's mbarrier (the page was copied kStages − 1 pages ahead by every thread's
-//      16-byte cp.async, stored in a 64-byte-swizzle layout: [column block 9][token 64][64 B], which
-//      keeps the ldmatrix of K and the V loads conflict-free);
-//   2. S^T = K·Q^T: warpgroup w computes the partial sums of 64 tokens × all kTileN rows over its half
-//      of the 576-long reduction with f16 wgmma m64nNk16 (fp32 accumulate: exact products; FP8 wgmma
-//      accumulates with ~14 bits and missed the LSE bound, and FP8 mma.sync is emulated on sm_90 by
-//      converting its operands to f16 on every instruction), A = K from registers (ldmatrix of the
-//      FP8 page, converted e4m3 -> f16: each K byte by one warpgroup), B = Q^T from the f16 query tile
-//      in shared memory (converted once per CTA), 18 k-steps; the warpgroups then swap the partials
-//      of each other's rows through shared memory (one CTA barrier);
-//   3. online softmax in base 2 over the tokens with a lazily raised max (kLazyMaxSlack): P^T in fp16
-//      into a 128-byte-swizzle shared tile against the running max, one CTA barrier that also votes on
-//      whether some row's max must be raised; only then the page row max (quad shuffles, then the 4
-//      warps of the warpgroup through shared memory), P^T again and the per-row rescale factors beside
-//      it, and a second CTA barrier;
-//   4. O^T += V^T·P^T: warpgroup w computes its 256 latent dims (four m64 tiles) × all kTileN rows
-//      (m64nNk16 f16, A = V^T from registers: 32-bit shared loads of the FP8 bytes, byte-permuted and
-//      converted e4m3 → f16x2, exact; B = P^T from shared memory). NOTE: FP8 wgmma needs K-major
-//      operands; V is token-major, so the register-A form avoids a transposed copy of every page.
-// The end writes bf16 latent + LSE (one split) or fp32 partials for the combine kernel.
+// "Swap AB": the 64 tokens of a page are the wgmma M side and the attention rows (kTileN of a request's folded
+// (q row, head) M side) the N side, so H·q = 16 runs an m64n16 tile without padding.
+//   - Pages: 16-byte cp.async of the FP8 rows into a 64-byte-swizzle layout [column block 9][token 64][64 B], which
+//     keeps the ldmatrix of K and the V loads conflict-free (copy_page_part_async).
+//   - S^T = K·Q^T: f16 wgmma m64nNk16 (fp32 accumulate: exact products), A = K from registers (ldmatrix of the FP8
+//     page, converted e4m3 -> f16), B = Q^T from the f16 query tile in shared memory (converted once per CTA:
+//     load_query_tile). NOTE: not FP8: FP8 wgmma accumulates with ~14 bits and missed the LSE bound, and FP8
+//     mma.sync is emulated on sm_90 by converting its operands to f16 on every instruction.
+//   - O^T += V^T·P^T: m64nNk16 f16, A = V^T from registers (32-bit shared loads of the FP8 bytes, byte-permuted and
+//     converted e4m3 -> f16x2, exact: vt_fragments), B = P^T from a 128-byte-swizzle shared tile. NOTE: FP8 wgmma
+//     needs K-major operands; V is token-major, so the register-A form avoids a transposed copy of every page.
+//   - The end: bf16 latent + LSE (one split) or fp32 partials for a merge (store_ot, store_row_lse).
 #pragma once
-
-#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -378,39 +367,11 @@ __device__ __forceinline__ void store_row_lse(const CoreParams& p, bool direct, 
   }
 }
 
-// The end of a warpgroup's softmax over tokens (M): each of its kGroups·8 rows' running sum (l_run: this thread's
-// share, rows 8j + 2c + e) summed over the lanes g, then over the 4 warps through `red` ([warp][row], after the
-// named barrier `barrier`); warp 0's lanes g = 0 write the sums to `row_sum` and each row's LSE (natural log; a sum of
-// 0, nothing visible, gives -inf, never NaN) to the latent's LSE (one split) or the split's partial LSE. The
-// warpgroup's rows are tile rows first_row + [0, kGroups·8) (request rows tile_row0 + those); rows past rows_m are
-// padding.
-template <int kGroups>
-__device__ __forceinline__ void finish_row_sums(const CoreParams& p, const float (&l_run)[kGroups][2],
-                                                const float (&m_run)[kGroups][2], float (*red)[kGroups * 8],
-                                                float* row_sum, uint32_t barrier, int wi, int g, int c, int first_row,
-                                                int tile_row0, int rows_m, int64_t entry0, int64_t partial_row0) {
-  publish_row_sums<kGroups>(l_run, red, wi, g, c);
-  named_barrier_sync(barrier, 128);
-  const bool direct = p.num_splits == 1;
-  if (wi == 0 && g == 0) {
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int nl = 8 * j + 2 * c + e;
-        const int n = first_row + nl;
-        const float sum = red[0][nl] + red[1][nl] + red[2][nl] + red[3][nl];
-        row_sum[n] = sum;
-        const int row = tile_row0 + n;
-        if (row < rows_m) store_row_lse(p, direct, entry0, partial_row0, row, m_run[j][e], sum);
-      }
-  }
-}
-
 // One warpgroup's share of a page copy into the ring's 64-byte-swizzle layout (16-byte cp.async by its 128
 // threads, wt = the thread within the warpgroup, then one arrival per thread on `full`): part 0 copies column
 // blocks 0-3 and 8 (20 chunks a row), part 1 blocks 4-7 (16 chunks), i.e. the blocks of the latent dims
-// [256·part, +256) that the part's P·V reads, part 0 also the rope block. Rows past the length are zero-filled.
+// [256·part, +256) that the part's P·V reads, part 0 also the rope block. Rows past the length are zero-filled (src
+// size 0), never read: the cache may hold anything there (NaN bytes included) and p = 0 times NaN would poison O^T.
 template <int kPart>
 __device__ __forceinline__ void copy_page_part_async(const CoreParams& p, const int32_t* pages, int page, int length,
                                                      uint8_t* stage, uint64_t* full, int wt) {
@@ -430,254 +391,5 @@ __device__ __forceinline__ void copy_page_part_async(const CoreParams& p, const 
 }
 
 }  // namespace wgmma_detail
-
-// kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kBalancedSlots: as core_split_kernel's.
-template <int kTileN, int kStages, int kMinBlocksPerSm, bool kBalancedSlots>
-__global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm)
-    core_wgmma_kernel(const __grid_constant__ CoreParams p) {
-  using namespace detail;
-  using namespace wgmma_detail;
-  using Smem = WgmmaSharedMemoryPlan<kTileN, kStages>;
-  constexpr int kRowsWg = kTileN / 2;  // S^T rows (N) of one warpgroup
-  constexpr int kGroupsS = kRowsWg / 8;  // n8 groups of the S^T accumulator
-  constexpr int kGroupsO = kTileN / 8;   // n8 groups of each O^T accumulator
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  // NOTE: the swizzle atoms assume a 1024-byte aligned base (the dynamic window starts after the
-  // 1 KB reserved block on sm_90); a misaligned base would compute garbage, so it traps instead.
-  if ((smem_addr(smem_raw) & 1023u) != 0) __trap();
-
-  // ---- Phase 0: grid mapping ---------------------------------------------------------------------
-  // Accumulator fragments (m64nN, fp32): warp wi of the warpgroup holds M rows 16·wi + g and
-  // 16·wi + g + 8, N columns 8j + 2c and 8j + 2c + 1 (registers 4j + {0, 1} and 4j + {2, 3}).
-  const int wg = threadIdx.x / 128;
-  const int wi = (threadIdx.x / 32) % 4;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int c = lane % 4;
-  const int tile = blockIdx.x;
-  const int rows_m = p.q * p.num_heads;
-  const int tile_row0 = tile * kTileN;  // first M row (mi) of this tile
-
-  // ---- Phase 1: metadata (host-written: read before the PDL wait) ------------------------------
-  const auto [request, entry0, partial_row0, length, total, page_begin, my_pages, writes_nothing, pages] =
-      cta_split<kBalancedSlots>(p, rows_m);  // which split of which request
-  if (writes_nothing) return;
-  const int64_t bound_min = causal_bound(p, total, tile_row0);  // the tile's smallest causal bound
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&smem.full[s], kWgThreads);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  griddep_wait();  // PDL: the query and this step's cache rows come from the query kernel
-
-  // Producer (every thread): page k of the split (9 16-byte cp.async per thread) into the swizzled
-  // layout, then one arrival per thread on the stage's mbarrier.
-  auto issue_page = [&](int k) {
-    const int stage = k % kStages;
-    copy_page_async<kWgThreads>(p, pages, page_begin + k, length, [&](int r, int chunk) {
-      return smem.kv[stage] + (chunk / 4) * kPageBlockBytes + r * kSw64Bytes + (((chunk % 4) ^ ((r >> 1) & 3)) << 4);
-    });
-    cp_async_mbar_arrive(&smem.full[stage]);
-  };
-  for (int k = 0; k < min(kStages, my_pages); ++k) issue_page(k);
-
-  // ---- Phase 2: the query tile as f16 into shared memory (rows past rows_m zero) -------------------
-  load_query_tile<kTileN, kWgThreads>(smem.q, p, entry0, tile_row0, rows_m);
-  fence_proxy_async();  // the query tile is read by wgmma (the async proxy)
-  __syncthreads();
-
-  const KLaneOffsets k_off = k_lane_offsets(wi, lane);  // ldmatrix.x4 addresses of K
-  const uint32_t q_addr = smem_addr(&smem.q[0][0][0]);  // Q^T, all kTileN rows (3a: k halves per warpgroup)
-  float o[4][kGroupsO * 4];  // O^T: [m64 dim tile][fragment]: dims 256·wg + 4·(16·wi + 8h + g) + tile
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-    for (int e = 0; e < kGroupsO * 4; ++e) o[mt][e] = 0.0f;
-  float m_run[kGroupsS][2];  // running max (base-2 logits) of rows 8j + 2c + e of this warpgroup
-  float l_run[kGroupsS][2];  // this thread's share (its two tokens per page) of the softmax sums
-#pragma unroll
-  for (int j = 0; j < kGroupsS; ++j) {
-    m_run[j][0] = m_run[j][1] = -INFINITY;
-    l_run[j][0] = l_run[j][1] = 0.0f;
-  }
-  const float scale_log2 = p.softmax_scale_log2;
-  const int token_a = 16 * wi + g;  // this thread's two tokens of a page (S^T rows)
-  const int token_b = token_a + 8;
-  const VtLaneOffsets v_off = vt_lane_offsets(wg, wi, g, c);  // V^T fragments of this warpgroup's dims
-
-  // ---- Phase 3: the page loop ------------------------------------------------------------------
-  for (int it = 0; it < my_pages; ++it) {
-    const int stage = it % kStages;
-    const int buf = it % 2;
-    mbar_wait(&smem.full[stage], (it / kStages) & 1);
-    const uint32_t kv_addr = smem_addr(smem.kv[stage]);
-
-    // 3a. S^T = K·Q^T: warpgroup w computes the partial sums of all kTileN rows over its half of the
-    // 576-long reduction (k16 steps [18w, 18w + 18)), then the two warpgroups swap the halves of the
-    // partials that belong to the other one's rows (shared memory), so each converts only half of the
-    // page's K. f16 wgmma m64nNk16 (fp32 accumulate). A = K from registers: each FP8 fragment register
-    // (4 bytes 4c.. of token g or g + 8) gives two f16x2 registers (bytes 4c, 4c + 1 -> k 2c, 2c + 1;
-    // bytes 4c + 2, 4c + 3 -> k 2c + 8, 2c + 9), the order the query tile was permuted to. B = Q^T by
-    // descriptor. NOTE: not FP8: Hopper FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3
-    // §3.3.2; one 18-step chain measured LSE errors up to 5e-3, bound 1e-3), and FP8 mma.sync is not
-    // native on sm_90 (it converts both operands to f16 on every instruction). One group per 32-byte
-    // half block, at most two in flight, bounds the live A registers to 16.
-    float s_all[kTileN / 2];  // m64 x kTileN partial accumulator: rows 16wi + g (+ 8), columns 8j + 2c (+ 1)
-#pragma unroll
-    for (int e = 0; e < kTileN / 2; ++e) {
-      s_all[e] = 0.0f;
-      fence_operand(s_all[e]);
-    }
-    // The warpgroup's half as compile-time constants (hb: 32-byte half blocks of the 576-byte row).
-    auto qk_half = [&](auto wg_constant) {
-      constexpr int kWg = decltype(wg_constant)::value;
-      // NOTE: the base address is made opaque per page: otherwise the compiler hoists the
-      // loop-invariant 64-bit descriptors out of the page loop (more registers, spills).
-      const uint64_t desc_q = gmma_desc(opaque(q_addr), 8 * kSw128Halves * 2, kSwizzle128);
-#pragma unroll
-      for (int i = 0; i < kKeyBlocks; ++i) {
-        issue_qk_half_block<kTileN>(s_all, smem.kv[stage], k_off, desc_q, kWg * kKeyBlocks + i);  // of 2·kKeyBlocks
-        wgmma_commit();
-        wgmma_wait<1>();
-      }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < kTileN / 2; ++e) fence_operand(s_all[e]);
-      // Hand the other warpgroup its rows' partials: n8 groups [(1 - w) kGroupsS, +kGroupsS).
-#pragma unroll
-      for (int jj = 0; jj < kGroupsS; ++jj) {
-        const int j = (1 - kWg) * kGroupsS + jj;
-        smem.swap[1 - kWg][jj][threadIdx.x % 128] =
-            make_float4(s_all[4 * j], s_all[4 * j + 1], s_all[4 * j + 2], s_all[4 * j + 3]);
-      }
-    };
-    if (wg == 0) {
-      qk_half(std::integral_constant<int, 0>{});
-    } else {
-      qk_half(std::integral_constant<int, 1>{});
-    }
-    __syncthreads();  // (S) both halves' partials handed over
-    float s[kRowsWg / 2];  // this warpgroup's rows: columns 8j + 2c (+ 1) of its kGroupsS n8 groups
-    auto own_rows = [&](auto wg_constant) {
-      constexpr int kWg = decltype(wg_constant)::value;
-#pragma unroll
-      for (int jj = 0; jj < kGroupsS; ++jj) {
-        const float4 other = smem.swap[kWg][jj][threadIdx.x % 128];
-        const int j = kWg * kGroupsS + jj;
-        s[4 * jj] = s_all[4 * j] + other.x;
-        s[4 * jj + 1] = s_all[4 * j + 1] + other.y;
-        s[4 * jj + 2] = s_all[4 * j + 2] + other.z;
-        s[4 * jj + 3] = s_all[4 * j + 3] + other.w;
-      }
-    };
-    if (wg == 0) {
-      own_rows(std::integral_constant<int, 0>{});
-    } else {
-      own_rows(std::integral_constant<int, 1>{});
-    }
-
-    // 3b. Scale to base-2 logits and mask (only pages reaching past a causal bound or the length).
-    const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
-    const bool full_page = page_token0 + kPageSize <= length &&
-                           global_position(page_token0 + kPageSize - 1, p) <= bound_min;
-    float x[kGroupsS * 4];
-#pragma unroll
-    for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[4 * j + e] = s[4 * j + e] * scale_log2;
-    if (!full_page) {
-      mask_page_logits<kGroupsS>(x, p, page_token0, token_a, token_b, length, total, tile_row0 + wg * kRowsWg, c, rows_m);
-    }
-    // 3c. Online softmax with a lazily raised max (as in version 1, kernel.cuh): P^T = exp2(x - m) in
-    // fp16 against the running max m of the pages before; only when a logit of the page passes m by more
-    // than kLazyMaxSlack does the CTA take the exact path (page row max over the warpgroup's 4 warps, m
-    // raised, P^T recomputed, the rescale factors for both warpgroups). Otherwise every alpha is 1: no
-    // row max exchange, no rescale of O^T.
-    uint8_t* p_tile = reinterpret_cast<uint8_t*>(&smem.p[buf][0][0]);
-    auto store_p = [&](int n, float pa, float pb) {  // row n of the tile, this thread's two tokens
-      uint8_t* row = p_tile + n * (kPageSize * 2);
-      *reinterpret_cast<__half*>(row + (((token_a >> 3) ^ (n & 7)) << 4) + (token_a & 7) * 2) = __float2half_rn(pa);
-      *reinterpret_cast<__half*>(row + (((token_b >> 3) ^ (n & 7)) << 4) + (token_b & 7) * 2) = __float2half_rn(pb);
-    };
-    bool raise = false;
-    float page_sum[kGroupsS][2];
-#pragma unroll
-    for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // NOTE: a row with nothing visible yet keeps m = -inf and subtracts 0 (never inf - inf); its
-        // first visible logit always takes the exact path.
-        const float m_use = m_run[j][e] == -INFINITY ? 0.0f : m_run[j][e];
-        raise |= fmaxf(x[4 * j + e], x[4 * j + 2 + e]) > m_run[j][e] + kLazyMaxSlack;
-        const float pa = ex2_ftz(x[4 * j + e] - m_use);
-        const float pb = ex2_ftz(x[4 * j + 2 + e] - m_use);
-        page_sum[j][e] = pa + pb;
-        store_p(wg * kRowsWg + 8 * j + 2 * c + e, pa, pb);
-      }
-    fence_proxy_async();
-    // (P) P^T complete unless some row's max must be raised (CTA-uniform); every thread is done with the
-    // previous page.
-    const bool raised = __syncthreads_or(raise);
-    if (raised) {
-      // Page row max: the thread's two tokens, the 8 lanes g of the quad column, the 4 warps.
-      publish_page_row_max<kGroupsS>(x, smem.red[wg], wi, g, c);
-      named_barrier_sync(1 + wg, 128);
-#pragma unroll
-      for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int nl = 8 * j + 2 * c + e;  // row within the warpgroup
-          const float m_new = fmaxf(m_run[j][e], page_row_max(smem.red[wg], nl));
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-          const float alpha = ex2_ftz(m_run[j][e] - m_use);
-          m_run[j][e] = m_new;
-          const float pa = ex2_ftz(x[4 * j + e] - m_use);
-          const float pb = ex2_ftz(x[4 * j + 2 + e] - m_use);
-          l_run[j][e] *= alpha;
-          page_sum[j][e] = pa + pb;
-          const int n = wg * kRowsWg + nl;  // row within the tile
-          store_p(n, pa, pb);
-          if (wi == 0 && g == 0) smem.alpha[buf][n] = alpha;
-        }
-      fence_proxy_async();
-      __syncthreads();  // (P') the exact P^T and the rescale factors complete
-    }
-#pragma unroll
-    for (int j = 0; j < kGroupsS; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) l_run[j][e] += page_sum[j][e];
-
-    // The previous page's stage is free now: refill it kStages - 1 pages ahead.
-    if (it >= 1 && it - 1 + kStages < my_pages) issue_page(it - 1 + kStages);
-
-    // 3d. O^T = O^T·alpha + V^T·P^T over the page's 64 tokens (4 k16 steps) x this warpgroup's dims
-    // (alpha = 1 unless the max was raised).
-    if (raised) rescale_rows<kTileN>(o, smem.alpha[buf], c);
-    fence_accumulators<kTileN>(o);
-    const uint32_t p_addr = smem_addr(p_tile);
-#pragma unroll
-    for (int kk = 0; kk < kPageSize / 16; ++kk) issue_pv_step<kTileN>(o, smem.kv[stage], v_off, p_addr, kk);
-    wgmma_commit();
-    // NOTE: waited here, not after the next page's Q·K^T: with P·V still in flight at the loop exit,
-    // ptxas serializes every wgmma of the kernel (C7515, the loop-skipped path defines the
-    // accumulators); the next page's MMAs would queue behind this one anyway.
-    wgmma_wait<0>();
-    fence_accumulators<kTileN>(o);
-  }
-
-  // ---- Phase 4: finalize: softmax sums over the tokens (lanes g, then the 4 warps) and the LSE ----------
-  // NOTE: the last reads of smem.red were before the loop's last CTA barrier, so it can be reused.
-  finish_row_sums<kGroupsS>(p, l_run, m_run, smem.red[wg], smem.row_sum, 1 + wg, wi, g, c, wg * kRowsWg, tile_row0,
-                            rows_m, entry0, partial_row0);
-  const bool direct = p.num_splits == 1;
-  __syncthreads();
-
-  // ---- Phase 5: stores ---------------------------------------------------------------------------
-  store_ot<kTileN>(p, o, smem.row_sum, wg, wi, g, c, tile_row0, rows_m, entry0, partial_row0, direct);
-  griddep_launch_dependents();  // PDL: this CTA's last store is done
-}
 
 }  // namespace mla::core

@@ -1,9 +1,10 @@
 // The FP8 attention core, ping-pong wgmma version (sm_90a), DESIGN.md §4.
 //
-// Grid as the wgmma kernel (x = N-tile, y and z = split and request); block: two warpgroups that take the
-// split's pages in turns instead of in lockstep. Warpgroup w owns the pages k with k % 2 == w: it computes
-// their S^T = K·Q^T over the whole 576-long reduction (f16 wgmma m64nNk16, A = K from registers as in the
-// wgmma kernel, so each K byte is converted once) and their softmax for all kTileN rows, and publishes P^T;
+// Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y and z = the split and the
+// request (flat slots: y = the CTA, z = 1). Block: two warpgroups that take the split's pages in turns, not in
+// lockstep phases. Warpgroup w owns the pages k with k % 2 == w: it computes their S^T = K·Q^T over the whole
+// 576-long reduction (swap AB, f16 wgmma m64nNk16, A = K from registers: kernel_wgmma.cuh, so each K byte is
+// converted once) and their softmax for all kTileN rows, and publishes P^T;
 // both warpgroups run O^T += V^T·P^T of every page for their own 256 latent dims (A = V^T from registers,
 // each V byte converted once). Per own page k, in this order:
 //   1. S^T(k) = K(k)·Q^T                      (while the other warpgroup runs its P·V and softmax)
@@ -64,7 +65,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
   constexpr int kGroups = kTileN / 8;  // n8 groups of an m64 x kTileN accumulator
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  // NOTE: the swizzle atoms assume a 1024-byte aligned base (see the wgmma kernel).
+  // NOTE: the swizzle atoms assume a 1024-byte aligned base (the dynamic window starts after the 1 KB reserved
+  // block on sm_90); a misaligned base would compute garbage, so it traps instead.
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();
 
   // ---- Phase 0: grid mapping ---------------------------------------------------------------------
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     // The page's V bytes of this warpgroup are in registers: refill its part of the slot while the MMAs run.
     if (k + kStages < my_pages) issue_own_part(k + kStages);
     // NOTE: waited in the page's own step (P·V in flight across the loop's back edge serializes every wgmma:
-    // ptxas C7515, see the wgmma kernel).
+    // ptxas C7515, as the loop-skipped path defines the accumulators).
     wgmma_wait<0>();
     fence_accumulators<kTileN>(o);
   };

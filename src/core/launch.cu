@@ -9,7 +9,6 @@
 #include "common/cuda_check.h"
 #include "core/config.h"
 #include "core/kernel.cuh"
-#include "core/kernel_wgmma.cuh"
 #include "core/kernel_wgmma_pp.cuh"
 #include "core/params.h"
 
@@ -46,9 +45,8 @@ SplitKernel pp_kernel_for(int tile_rows, int stages) {
 }
 
 // Bounded dispatch on (variant, tile, ring depth), kB = balanced slots: a value outside the table is an error,
-// never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM.
-// wgmma: 2 stages run two CTAs per SM for 16-row tiles (<= 128 registers; 32 rows would spill),
-// else one CTA per SM. Ping-pong wgmma: one CTA per SM.
+// never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM. Ping-pong wgmma: one
+// CTA per SM.
 // The mma.sync kernel of a ring depth for the slot deal kSlots.
 template <int kSlots>
 SplitKernel mma_kernel_for(int stages) {
@@ -65,24 +63,9 @@ SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
   if (kernel == kKernelMmaSync) return mma_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(stages);
   // NOTE: 3, not 4: with the f16 query tile (72 KB at 64 rows) a 4-page ring no longer fits 64-row tiles.
   if (stages != 2 && stages != 3) {
-    throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma (0 = default)", std::to_string(stages));
+    throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma-pp (0 = default)", std::to_string(stages));
   }
-  if (kernel == kKernelWgmmaPp) return pp_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(tile_rows, stages);
-  switch (tile_rows) {
-    case 16:
-      if (stages == 2) return {core_wgmma_kernel<16, 2, 2, kB>, sizeof(WgmmaSharedMemoryPlan<16, 2>)};
-      return {core_wgmma_kernel<16, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<16, 3>)};
-    case 32:
-      if (stages == 2) return {core_wgmma_kernel<32, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<32, 2>)};
-      return {core_wgmma_kernel<32, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<32, 3>)};
-    case 48:
-      if (stages == 2) return {core_wgmma_kernel<48, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<48, 2>)};
-      return {core_wgmma_kernel<48, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<48, 3>)};
-    case 64:
-      if (stages == 2) return {core_wgmma_kernel<64, 2, 1, kB>, sizeof(WgmmaSharedMemoryPlan<64, 2>)};
-      return {core_wgmma_kernel<64, 3, 1, kB>, sizeof(WgmmaSharedMemoryPlan<64, 3>)};
-    default: throw_bad_argument("CoreShape.tile_rows", "16, 32, 48 or 64 (0 = planned)", std::to_string(tile_rows));
-  }
+  return pp_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(tile_rows, stages);
 }
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
@@ -204,16 +187,9 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
     plan.stages = shape.stages == 0 ? 2 : shape.stages;
   } else {
     plan.tile_rows = shape.tile_rows != 0 ? shape.tile_rows : choose_wgmma_tile(rows_m);
-    // NOTE: wgmma: 2 stages for 16-row tiles (they then run two CTAs per SM: 55.9 % vs 49.5 % of copy
-    // bandwidth at 128x4k x16 with 4 stages) and 64-row tiles (equal or 2 % faster with 2); 3 for 48-row tiles
-    // (one CTA per SM either way; H100, bench/results/core.md 2026-12-05: 16x4k x96 and x12 x4 planned for 4k
-    // 3.6 % and 6 % faster, with the 1-2 page splits of a 128k plan 0-1.6 % slower, whole steps even).
-    // 32-row tiles likewise (H100, 2026-12-05 ~15:25 UTC: 6.5-7.8 % faster on own-context plans, 0-1.8 % with a
-    // 128k plan's short splits). Ping-pong: 3 at every tile (a page's slot is refilled after both warpgroups'
-    // P·V of it: with 2 stages the next page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
-    const bool three_stages = plan.kernel == kKernelWgmmaPp || plan.tile_rows == 32 || plan.tile_rows == 48;
-    const int default_stages = three_stages ? 3 : 2;
-    plan.stages = shape.stages == 0 ? default_stages : shape.stages;
+    // NOTE: ping-pong: 3 stages at every tile (a page's slot is refilled after both warpgroups' P·V of it: with 2
+    // stages the next page's copy is exposed; 128x4k x64 204.9 µs with 2, 177.9 with 3).
+    plan.stages = shape.stages == 0 ? 3 : shape.stages;
   }
   const SplitKernel split_kernel = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, kSlotsUniform);
   const KernelFn kernel = split_kernel.fn;
@@ -254,10 +230,11 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
   // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
   // Flat slots (split_rule.h, flat_cta_range) for the mma.sync and ping-pong kernels wherever the batch has more than
   // one request, one planned split included: every CTA then holds at most ceil(P / (S·R)) pages however the lengths
-  // spread (src/core/README.md, next steps 7 and 9). The lockstep wgmma kernel (a variant) keeps the balanced deal.
+  // spread (src/core/README.md, next steps 7 and 9). So no kernel deals balanced slots any more (the lockstep wgmma
+  // kernel did, until it went on 2026-12-06).
   // Where a request has few segments (one split; two at narrow tiles) the split kernel merges them itself.
   const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
-  plan.flat_slots = plan.kernel != kKernelWgmma && requests > 1 && slots_fit_grid;
+  plan.flat_slots = requests > 1 && slots_fit_grid;
   plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
   plan.grid = plan.balanced_slots || plan.flat_slots
                   ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)
@@ -321,15 +298,15 @@ CorePlan plan_core(const CoreShape& shape) {
                        std::to_string(shape.rows * shape.heads));
   }
 
-  if (shape.kernel < 0 || shape.kernel > kKernelWgmmaPp) {
-    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync), 2 (wgmma) or 3 (wgmma-pp)",
-                       std::to_string(shape.kernel));
+  // NOTE: 2 was the lockstep wgmma kernel (removed 2026-12-06): the other numbers stay as results and docs quote them.
+  if (shape.kernel != 0 && shape.kernel != kKernelMmaSync && shape.kernel != kKernelWgmmaPp) {
+    throw_bad_argument("CoreShape.kernel", "0 (planned), 1 (mma.sync) or 3 (wgmma-pp)", std::to_string(shape.kernel));
   }
 
   // NOTE: the mma.sync kernel (16-row M-tiles) at H·q <= 16, where it measured 1.3x faster than wgmma
   // (128x4k x16: 148 vs 194 µs). Above, one CTA reads a page once for up to 64 folded rows: the ping-pong
   // wgmma kernel at 3 stages, which measured faster than the lockstep two-warpgroup kernel and the
-  // warp-specialized one (since removed) at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~15:33 UTC,
+  // warp-specialized one (both since removed) at every 32-, 48- and 64-row shape but one (H100, 2026-12-05 ~15:33 UTC,
   // bench/results/core.md: 128x4k x64 183.5 -> 177.9 µs, x128 364.1 -> 336.1, 16x4k x96 59.3 -> 53.5, 16x64k
   // x96 x4 2198.8 -> 1946.1, 128x4k x32 142.0 -> 139.1 against the ws kernel, 1x4k x96 in 63 splits 19.3 -> 17.6;
   // 4x4k x64 in 2-page splits 25.3 -> 26.8). Its short splits have no serial first page (the ws kernel's

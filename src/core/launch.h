@@ -22,17 +22,17 @@ struct CoreShape {
   int q = 1;                               // rows per request, 1..8
   int64_t max_context = int64_t{1} << 17;  // longest local sequence: bounds the split count
   int num_splits = 0;                      // 0 = choose so that one step fills every SM; > 0 forces it
-  int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync, kKernelWgmma, kKernelWgmmaPp
-  int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma (-pp) 2 or 3; 0 = default
-  int tile_rows = 0;                       // wgmma N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
+  int kernel = 0;                          // 0 = planned; forces one: kKernelMmaSync or kKernelWgmmaPp
+  int stages = 0;                          // page ring depth: mma.sync 2, 3 or 4, wgmma-pp 2 or 3; 0 = default
+  int tile_rows = 0;                       // wgmma-pp N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
 };
 
 // The fewest planned splits at which the batch's CTA slots are dealt by pages (CorePlan.balanced_slots). Every
 // request keeps one slot, so the balanced deal's fullest slot holds about P / ((S - 1)·R) pages against the
 // uniform deal's max_r pages_r / S: smaller only for S > 3 at a +-50 % spread (measured H100, 128 x 4k +-50 %
 // x16, S = 2: 160.6 µs uniform, 185.8 balanced; 32 x 32k +-50 % x12, S = 8: 297.1 uniform, 223.5 balanced).
-// Since flat slots (CorePlan.flat_slots) the planned kernels no longer use it: only the lockstep wgmma kernel (a
-// variant) still deals balanced slots.
+// Since flat slots (CorePlan.flat_slots) the planned kernels no longer use it, and since the lockstep wgmma kernel
+// went no kernel does (the mma.sync and ping-pong kernels deal flat slots wherever balanced ones could run).
 inline constexpr int kMinBalancedSplits = 4;
 // Flat slots merge in the split kernel (CorePlan::merge_in_split) at one planned split, and at two where the M-tile
 // has at most kMaxRowsMergedAtTwoSplits rows: a request then spans few CTAs (about S + 1 at a ±50 % spread) and the
@@ -42,16 +42,15 @@ inline constexpr int kMinBalancedSplits = 4;
 // machine.
 inline constexpr int kMaxRowsMergedAtTwoSplits = 16;
 
-// Split-kernel variants (CoreShape.kernel / CorePlan.kernel).
+// Split-kernel variants (CoreShape.kernel / CorePlan.kernel). NOTE: 2 was the lockstep wgmma kernel, never planned and
+// removed 2026-12-06 (src/core/README.md); the others keep their numbers, which results and docs quote.
 inline constexpr int kKernelMmaSync = 1;  // version 1: mma.sync, 16-row M tiles (kernel.cuh)
-inline constexpr int kKernelWgmma = 2;    // wgmma, tokens on M, 16/32/48/64-row N tiles (kernel_wgmma.cuh)
 inline constexpr int kKernelWgmmaPp = 3;  // wgmma, ping-pong: two warpgroups taking pages in turns (kernel_wgmma_pp.cuh)
 
 // The variant's name in tables and test traces.
 inline const char* kernel_name(int kernel) {
   switch (kernel) {
     case kKernelMmaSync: return "mma.sync";
-    case kKernelWgmma: return "wgmma";
     case kKernelWgmmaPp: return "wgmma-pp";
     default: return "unknown";
   }
@@ -70,8 +69,7 @@ struct CorePlan {
   dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced or flat: (m_tiles,
                                // num_splits * requests, 1), CTA slots dealt by pages (split_rule.h)
   bool balanced_slots = false; // the slots dealt to the requests by pages at run time (first_slot), not
-                               // num_splits each: the lockstep wgmma kernel with num_splits >= kMinBalancedSplits,
-                               // more than one request and num_splits * requests <= 65535 (grid y)
+                               // num_splits each: never set since the lockstep wgmma kernel went (2026-12-06)
   bool flat_slots = false;     // the batch's pages flattened over num_splits * requests CTAs across request
                                // boundaries (split_rule.h, flat_cta_range): the mma.sync and ping-pong kernels with
                                // more than one request and num_splits * requests <= 65535
@@ -87,7 +85,7 @@ struct CorePlan {
   dim3 combine_block;
 };
 
-// The wgmma kernel's planned N-tile for a request's q*heads rows: the smallest tile holding them, and
+// The ping-pong wgmma kernel's planned N-tile for a request's q*heads rows: the smallest tile holding them, and
 // above 64 the fewest tiles with the least padding (pure host rule, no CUDA call).
 int choose_wgmma_tile(int rows_m);
 

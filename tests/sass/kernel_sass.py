@@ -26,7 +26,6 @@ import sys
 # moving above them all.
 RULES = [
     (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
-    (r"core_wgmma_kernel", 2, "lengths and totals (kernel_wgmma.cuh)"),
     (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
     (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
     (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
@@ -35,12 +34,6 @@ RULES = [
 ]
 # Kernels (demangled, exact) that use local memory today, and why that is accepted.
 LOCAL_MEMORY_ALLOWED = {
-    "void mla::core::core_wgmma_kernel<16, 2, 2, false>(mla::core::CoreParams)":
-        "16-row tiles at 2 CTAs/SM cap it at 128 registers; planned only when forced (H*q <= 16 plans mma.sync)",
-    "void mla::core::core_wgmma_kernel<16, 2, 2, true>(mla::core::CoreParams)": "as <16, 2, 2, false>",
-    "void mla::core::core_wgmma_kernel<64, 2, 1, true>(mla::core::CoreParams)":
-        "the balanced 64-row tile at 255 registers: two values of the slot lookup on the stack, one reload a page "
-        "(an L1 hit; unmeasured)",
     "void mla::core::core_wgmma_pp_kernel<64, 3, 0>(mla::core::CoreParams)":
         "the planned 64-row ping-pong tile at 255 registers: 16-40 B of stack (spill outside the MMA chains; its "
         "cost unmeasured, src/core/README.md)",

@@ -147,30 +147,22 @@ TEST_P(CoreTest, MatchesReference) {
   base_shape.max_context = spec.max_context;
   base_shape.num_splits = spec.num_splits;
 
-  // Every split-kernel variant that can run this shape: the mma.sync version, the wgmma one at the
-  // planned tile with 2 and 3 stages, the ping-pong one likewise, and each other
-  // N-tile forced for both wgmma kernels (padding rows of a large tile; several small tiles per request).
+  // Every split-kernel variant that can run this shape: the mma.sync version, the ping-pong wgmma one at each
+  // N-tile but the planned one (padding rows of a large tile; several small tiles per request), then at the planned
+  // tile with 2 and 3 stages.
   std::vector<core::CoreShape> variants;
   {
     core::CoreShape v = base_shape;
     v.kernel = core::kKernelMmaSync;
     variants.push_back(v);
-    v.kernel = core::kKernelWgmma;
-    variants.push_back(v);
-    v.stages = 3;
-    variants.push_back(v);
-    v.stages = 0;
+    v.kernel = core::kKernelWgmmaPp;
     const int planned_tile = core::plan_core(v).tile_rows;
-    for (int kernel : {core::kKernelWgmma, core::kKernelWgmmaPp}) {
-      v.kernel = kernel;
-      for (int tile : {16, 32, 48, 64}) {
-        if (tile == planned_tile) continue;
-        v.tile_rows = tile;
-        variants.push_back(v);
-      }
+    for (int tile : {16, 32, 48, 64}) {
+      if (tile == planned_tile) continue;
+      v.tile_rows = tile;
+      variants.push_back(v);
     }
     v.tile_rows = 0;
-    v.kernel = core::kKernelWgmmaPp;
     for (int stages : {2, 3}) {
       v.stages = stages;
       variants.push_back(v);
@@ -358,9 +350,9 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h96_q1_merged_in_split", 96, 1, {6000, 65, 0, 300, 1}), 1, 1));
   v.push_back(with(make("h64_q2_merged_in_split_two_splits", 64, 2, {4097, 63, 2000}), 2));
   {
-    // Flat slots (the planned kernels) and balanced ones (the lockstep wgmma variant: >= kMinBalancedSplits splits,
-    // > 1 request) over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k,
-    // so the long ones get many more slots (balanced) or CTAs (flat) than the short ones, and two padded requests.
+    // Flat slots over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k, so
+    // the long ones get many more CTAs than the short ones, and two padded requests. (Named when the lockstep wgmma
+    // kernel dealt these by pages too, balanced slots: both since removed.)
     std::vector<int> lengths;
     for (int b = 0; b < 45; ++b) lengths.push_back(b % 9 == 0 ? 0 : (b * 977) % 4200);
     v.push_back(with(make("h8_q1_45_requests_balanced", 8, 1, lengths), 6, 2));
@@ -418,10 +410,17 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_THROW(core::plan_core({.rows = 6, .heads = 16, .q = 4}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 9}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 4}), Error);
+  // 2 was the lockstep wgmma kernel (removed): rejected, naming the field and the kernels that remain.
+  try {
+    core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = 2});
+    ADD_FAILURE() << "plan_core accepted CoreShape.kernel = 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CoreShape.kernel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0 (planned), 1 (mma.sync) or 3 (wgmma-pp)"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(core::plan_core({.rows = 524280, .heads = 4097, .q = 8}), Error);  // rows * heads >= 2^31
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaPp, .stages = 4}), Error);
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .stages = 4}), Error);
-  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma, .tile_rows = 8}), Error);
+  EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaPp, .tile_rows = 8}), Error);
   EXPECT_THROW(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelMmaSync, .tile_rows = 64}), Error);
   // The planned kernel: mma.sync up to 16 folded rows (H·q), then the ping-pong wgmma kernel at 3 stages, long
   // or short splits alike.
@@ -437,15 +436,12 @@ TEST(CorePlan, FillsTheMachine) {
     EXPECT_EQ(plan.kernel, core::kKernelWgmmaPp) << shape.heads << " heads x q " << shape.q;
     EXPECT_EQ(plan.stages, 3) << shape.heads << " heads x q " << shape.q;
   }
-  // The lockstep wgmma kernel, forced: 3 stages for 32- and 48-row tiles, 2 for 16- and 64-row ones.
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 4, .kernel = core::kKernelWgmma}).stages, 3);
-  EXPECT_EQ(core::plan_core({.rows = 16, .heads = 12, .q = 2, .kernel = core::kKernelWgmma}).stages, 3);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 64, .q = 1, .kernel = core::kKernelWgmma}).stages, 2);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).stages, 2);
+  // The ping-pong kernel forced at 16 folded rows: 3 stages there too.
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaPp}).stages, 3);
   // The planned wgmma tile (choose_wgmma_tile; its rule is tested on the CPU).
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmma}).tile_rows, 16);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmma}).tile_rows, 32);
-  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1, .kernel = core::kKernelWgmma}).m_tiles, 2);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 16, .q = 1, .kernel = core::kKernelWgmmaPp}).tile_rows, 16);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 8, .q = 4, .kernel = core::kKernelWgmmaPp}).tile_rows, 32);
+  EXPECT_EQ(core::plan_core({.rows = 8, .heads = 128, .q = 1, .kernel = core::kKernelWgmmaPp}).m_tiles, 2);
   EXPECT_EQ(core::plan_core({.rows = 8, .heads = 12, .q = 4}).tile_rows, 48);
   const core::CorePlan h96 = core::plan_core({.rows = 8, .heads = 96, .q = 1});
   EXPECT_EQ(h96.tile_rows, 48);
@@ -488,17 +484,7 @@ TEST(CorePlan, FillsTheMachine) {
       EXPECT_NE(std::string(e.what()).find("CoreArgs.tile_counters"), std::string::npos) << e.what();
     }
   }
-  // Balanced CTA slots: the lockstep wgmma kernel (a variant) from kMinBalancedSplits planned splits with more than
-  // one request (launch.h).
-  constexpr int kWgmma = core::kKernelWgmma;
-  EXPECT_TRUE(
-      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits, .kernel = kWgmma})
-          .balanced_slots);
-  EXPECT_FALSE(
-      core::plan_core({.rows = 8, .heads = 12, .q = 1, .num_splits = core::kMinBalancedSplits - 1, .kernel = kWgmma})
-          .balanced_slots);
-  EXPECT_FALSE(core::plan_core({.rows = 4, .heads = 12, .q = 4, .num_splits = 16, .kernel = kWgmma}).balanced_slots);
-  // ... whose S x R slots (flat or balanced) are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
+  // Flat slots' S x R CTAs are the grid's y: at most 65535 (the uniform grid is (M-tiles, S, R)).
   const core::CorePlan wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 255});
   EXPECT_TRUE(wide.flat_slots);
   EXPECT_EQ(wide.grid.y, 255u * 256u);
