@@ -104,14 +104,14 @@ struct WgmmaPpSharedMemoryPlan {
   static_assert(kTileN % 16 == 0 && kTileN <= 64, "kTileN: 16, 32, 48 or 64");
 };
 
-// How the split kernel's CTA slots are dealt (CorePlan): num_splits each (uniform), by pages with one slot a
-// request at least (balanced, split_rule.h first_slot), or the batch's pages flattened over the CTAs across request
-// boundaries (flat, split_rule.h flat_cta_range; the mma.sync and ping-pong kernels). The combine takes the same mode.
+// How the split kernel's CTA slots are dealt (CorePlan): num_splits each (uniform), or the batch's pages flattened over
+// the CTAs across request boundaries (flat, split_rule.h flat_cta_range). The combine takes the same mode.
 // Flat-merged: flat slots whose partials the split kernel merges itself (CorePlan::merge_in_split; no combine). Its
 // own instantiation, so that the flat kernels the combine follows carry none of the merge's code (which cost them 1-3 %
 // by register allocation alone at 48/64-row tiles: H100, 2026-12-05, bench/results/core.md ~23:13).
+// NOTE: 1 was the balanced deal (by pages, one slot a request at least), removed 2026-12-06 with the lockstep wgmma
+// kernel, its only user; the other values stay, as they name the kernels' instantiations (kSlots in the symbols).
 inline constexpr int kSlotsUniform = 0;
-inline constexpr int kSlotsBalanced = 1;
 inline constexpr int kSlotsFlat = 2;
 inline constexpr int kSlotsFlatMerged = 3;
 constexpr bool is_flat(int slots) { return slots == kSlotsFlat || slots == kSlotsFlatMerged; }

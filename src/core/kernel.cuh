@@ -3,7 +3,7 @@
 //
 // Grid: x = M-tile of the request (16 rows of the folded (q row, head) M side; fastest so that the
 // M-tiles of one request read the same pages from L2 at about the same time), y = split, z = request
-// (balanced slots: y = CTA slot, z = 1; slot_split).
+// (flat slots: y = the CTA, z = 1; flat_cursor).
 // Block: 8 warps. Per page of 64 tokens:
 //   1. wait for the page's mbarrier (the page was copied kStages-1 pages ahead, one 576-byte
 //      cp.async.bulk per token row by threads 0-63, into 592-byte shared rows);
@@ -174,7 +174,7 @@ __device__ __forceinline__ int request_pages(const int32_t* lengths, int num_req
   return request < num_requests ? pages_of(lengths[request]) : 0;
 }
 
-// A request's CTA slots under the balanced rule (split_rule.h, first_slot): slots [first, first + count).
+// A request's CTA slots (the combine's partial rows): slots [first, first + count).
 struct RequestSlots {
   int first = 0;
   int count = 1;
@@ -192,147 +192,20 @@ __device__ __forceinline__ T warp_inclusive_sum(T v) {
   return v;
 }
 
-// With balanced slots (CorePlan.balanced_slots): a warp scans the batch's pages, each lane a run of
-// ceil(grid_requests / 32) requests, and calls visit(request, RequestSlots, length) for each of its requests.
-// Every lane of the warp must call it (shuffles). Reads host-written data only: runs before the PDL wait.
-template <class Visit>
-__device__ __forceinline__ void warp_request_slots(const int32_t* lengths, int num_requests, int grid_requests,
-                                                   int num_splits, Visit visit) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int per_lane = (grid_requests + 31) / 32;
-  const int first_request = lane * per_lane;
-  const int count = max(0, min(per_lane, grid_requests - first_request));
-  int64_t mine = 0;
-  for (int i = 0; i < count; ++i) mine += request_pages(lengths, num_requests, first_request + i);
-  const int64_t inclusive = warp_inclusive_sum(mine);
-  const int64_t total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
-  int64_t before = inclusive - mine;
-  // One first_slot (a division) a request: the slot after a run is the next lane's first, and after the
-  // batch's last request it is num_splits * grid_requests.
-  int first = first_slot(first_request, before, total_pages, num_splits, grid_requests);
-  const int next_lane_first = __shfl_down_sync(0xffffffffu, first, 1);
-  const int after_run = first_request + count >= grid_requests ? num_splits * grid_requests : next_lane_first;
-  for (int i = 0; i < count; ++i) {
-    const int r = first_request + i;
-    const int length = r < num_requests ? lengths[r] : 0;
-    before += pages_of(length);
-    const int next = i + 1 < count ? first_slot(r + 1, before, total_pages, num_splits, grid_requests) : after_run;
-    visit(r, RequestSlots{first, next - first}, length);
-    first = next;
-  }
-}
-
-// The same for a batch of at most 32 requests, without loops: lane r is request r, and gets its slots
-// [first, next) and its length and total. The batch's pages fit 32 bits here (32 requests of < 2^26 pages).
-// NOTE: the balanced kernels' whole cost at uniform lengths is this lookup on each CTA's path to its first page
-// (1-2 µs a step, 2026-12-05, bench/results/core.md); this form keeps that chain short for the small batches,
-// where it matters: one load, five shuffles, one first_slot, three shuffles.
-struct LaneSlots {
-  int first = 0;
-  int next = 0;
-  int length = 0;
-  int total = 0;
-};
-__device__ __forceinline__ LaneSlots lane_request_slots(const int32_t* lengths, const int32_t* totals, int num_requests,
-                                                      int grid_requests, int num_splits) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  LaneSlots s;
-  if (lane < num_requests) {  // num_requests <= grid_requests <= 32
-    s.length = lengths[lane];
-    s.total = totals != nullptr ? totals[lane] : s.length;
-  }
-  const int pages = pages_of(s.length);
-  const int inclusive = warp_inclusive_sum(pages);
-  const int total_pages = __shfl_sync(0xffffffffu, inclusive, 31);
-  s.first = first_slot(lane, inclusive - pages, total_pages, num_splits, grid_requests);
-  const int next_first = __shfl_down_sync(0xffffffffu, s.first, 1);
-  s.next = lane + 1 >= grid_requests ? num_splits * grid_requests : next_first;
-  return s;
-}
-
 // Which split of which request a split kernel's CTA is, with that request's length and total (DCP: its global
 // length). Host-written data only: before the PDL wait.
 struct SlotSplit {
   int slot = 0;        // the CTA's slot: its partial rows are [slot * q * heads, +q * heads)
   int request = 0;
   int split = 0;       // within the request: 0 .. splits - 1
-  int splits = 1;      // the request's slots
+  int splits = 1;      // the request's slots (num_splits)
   int length = 0;      // the request's local tokens (0 for a padded request)
   int total = 0;       // its global tokens (DCP), else length
 };
 
-// The balanced slots' lookups. Every warp runs its own scan (the same loads, in parallel) and takes the
-// answer from the one lane that found it: no shared memory and no barrier between a CTA's start and its first
-// page, which in a step is the critical path (the split kernel and the combine start only as their producer
-// ends). Every lane of the warp calls them.
-// NOTE: only in the kernels' balanced instantiations (kBalancedSlots): inlined in the uniform ones too, the scan
-// grew their code before the first copy from ~100 to ~600 SASS instructions and the combine's registers 64 ->
-// 82, and those ran 1.5-6 % slower (2026-12-05, src/core/README.md next step 7); out of line (__noinline__),
-// its call made ptxas spill around it (the combine, the 64-row wgmma kernel).
-__device__ __forceinline__ SlotSplit balanced_slot_split(const int32_t* lengths, const int32_t* totals,
-                                                      int num_requests, int grid_requests, int num_splits, int slot) {
-  SlotSplit mine;
-  mine.slot = slot;  // the argument: the same on every lane (the owner's other fields are shuffled below)
-  if (grid_requests <= 32) {
-    const LaneSlots s = lane_request_slots(lengths, totals, num_requests, grid_requests, num_splits);
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const int owner = __ffs(__ballot_sync(0xffffffffu, lane < grid_requests && slot >= s.first && slot < s.next)) - 1;
-    mine.request = owner;
-    mine.split = slot - __shfl_sync(0xffffffffu, s.first, owner);
-    mine.splits = __shfl_sync(0xffffffffu, s.next - s.first, owner);
-    mine.length = __shfl_sync(0xffffffffu, s.length, owner);
-    mine.total = __shfl_sync(0xffffffffu, s.total, owner);
-    return mine;
-  }
-  bool found = false;
-  warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int length) {
-    if (slot >= s.first && slot < s.first + s.count) {
-      found = true;
-      mine = SlotSplit{slot, r, slot - s.first, s.count, length, length};
-      if (totals != nullptr && r < num_requests) mine.total = totals[r];
-    }
-  });
-  // Exactly one lane owns the slot: the slots [first_slot(r), first_slot(r + 1)) tile [0, num_splits * R).
-  const int owner = __ffs(__ballot_sync(0xffffffffu, found)) - 1;
-  mine.request = __shfl_sync(0xffffffffu, mine.request, owner);
-  mine.split = __shfl_sync(0xffffffffu, mine.split, owner);
-  mine.splits = __shfl_sync(0xffffffffu, mine.splits, owner);
-  mine.length = __shfl_sync(0xffffffffu, mine.length, owner);
-  mine.total = __shfl_sync(0xffffffffu, mine.total, owner);
-  return mine;
-}
-// `request`'s slots (the combine; the warp's request is the same on every lane).
-__device__ __forceinline__ RequestSlots balanced_request_slots(const int32_t* lengths, int num_requests,
-                                                            int grid_requests, int num_splits, int request) {
-  RequestSlots mine;
-  if (grid_requests <= 32) {
-    const LaneSlots s = lane_request_slots(lengths, nullptr, num_requests, grid_requests, num_splits);
-    mine.first = __shfl_sync(0xffffffffu, s.first, request);
-    mine.count = __shfl_sync(0xffffffffu, s.next - s.first, request);
-    return mine;
-  }
-  bool found = false;
-  warp_request_slots(lengths, num_requests, grid_requests, num_splits, [&](int r, RequestSlots s, int) {
-    if (r == request) {
-      found = true;
-      mine = s;
-    }
-  });
-  const int owner = __ffs(__ballot_sync(0xffffffffu, found)) - 1;
-  mine.first = __shfl_sync(0xffffffffu, mine.first, owner);
-  mine.count = __shfl_sync(0xffffffffu, mine.count, owner);
-  return mine;
-}
-
-// This CTA's split. Uniform slots (grid (M-tiles, splits, requests)): request blockIdx.z, split blockIdx.y, no
-// scan; balanced (grid (M-tiles, slots, 1)): slot blockIdx.y, balanced_slot_split. Every thread of the block
-// calls it.
-template <bool kBalancedSlots>
+// This CTA's split under uniform slots (grid (M-tiles, splits, requests)): request blockIdx.z, split blockIdx.y, no
+// scan. Every thread of the block calls it.
 __device__ __forceinline__ SlotSplit slot_split(const CoreParams& p) {
-  if constexpr (kBalancedSlots) {
-    return balanced_slot_split(p.lengths, p.totals, p.num_requests, p.grid_requests, p.num_splits,
-                               static_cast<int>(blockIdx.y));
-  }
   SlotSplit s;
   s.request = static_cast<int>(blockIdx.z);
   s.split = static_cast<int>(blockIdx.y);
@@ -359,9 +232,8 @@ struct CtaSplit {
   bool writes_nothing = false; // empty, and merged by the combine (> 1 split): the CTA exits at once
   const int32_t* pages = nullptr;  // the request's block-table row
 };
-template <bool kBalancedSlots>
 __device__ __forceinline__ CtaSplit cta_split(const CoreParams& p, int rows_m) {
-  const SlotSplit where = slot_split<kBalancedSlots>(p);
+  const SlotSplit where = slot_split(p);
   CtaSplit s;
   s.request = where.request;
   s.entry0 = int64_t{where.request} * rows_m;
@@ -409,7 +281,8 @@ struct FlatCursor {
   int next = 0;           // the CTA's next page (flattened)
 };
 // CTA `cta`'s range and the request of its first page (found by the lane whose run holds it). Every lane of the
-// warp calls it; each warp of the CTA runs its own (no shared memory, no barrier before the first copy).
+// warp calls it; each warp of the CTA runs its own (the same loads, in parallel): no shared memory and no barrier
+// between a CTA's start and its first page, which in a step is the critical path.
 __device__ __forceinline__ FlatCursor flat_cursor(const CoreParams& p, int cta) {
   const PageScan scan = warp_page_scan(p.lengths, p.num_requests, p.grid_requests);
   FlatCursor cur;
@@ -478,15 +351,17 @@ __device__ __forceinline__ void record_request_slots(const CoreParams& p, const 
   }
 }
 
-// A split kernel CTA's first segment: its split under uniform or balanced slots, the first request its pages touch
-// under flat ones. False: the CTA writes nothing and exits (an empty split, or past the batch's pages).
+// A split kernel CTA's first segment: its split under uniform slots, the first request its pages touch under flat ones.
+// False: the CTA writes nothing and exits (an empty split, or past the batch's pages).
+// NOTE: the uniform instantiations carry no page scan: inlined there too, a scan (the balanced deal's, since removed)
+// grew their code before the first copy from ~100 to ~600 SASS instructions and cost them 1.5-6 % (2026-12-05).
 template <int kSlots>
 __device__ __forceinline__ bool first_segment(const CoreParams& p, int rows_m, FlatCursor& cursor, CtaSplit& segment) {
   if constexpr (is_flat(kSlots)) {
     cursor = flat_cursor(p, static_cast<int>(blockIdx.y));
     return flat_next_segment(p, cursor, rows_m, segment);
   } else {
-    segment = cta_split<kSlots == kSlotsBalanced>(p, rows_m);
+    segment = cta_split(p, rows_m);
     return !segment.writes_nothing;
   }
 }
@@ -685,9 +560,9 @@ __device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t tot
 
 }  // namespace detail
 
-// kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kSlots: the CTA slots' deal (config.h): uniform, balanced
-// (CorePlan.balanced_slots, slot_split) or flat (CorePlan.flat_slots: the CTA's pages may span several requests, one
-// segment each, as in the ping-pong kernel; its ring counts pages across segments).
+// kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kSlots: the CTA slots' deal (config.h): uniform
+// (slot_split) or flat (CorePlan.flat_slots: the CTA's pages may span several requests, one segment each, as in the
+// ping-pong kernel; its ring counts pages across segments).
 template <int kStages, int kMinBlocksPerSm, int kSlots>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     core_split_kernel(const __grid_constant__ CoreParams p) {
@@ -1235,20 +1110,15 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   const int64_t entry = active ? group / kChunks : 0;
   const int dim = static_cast<int>(group % kChunks) * kCombineDims + lane * 4;
 
-  // Host-written metadata: read before the PDL wait. The entry's request's slots: num_splits each, or with
-  // balanced slots the warp's own scan of the batch's pages, as the split kernels.
+  // Host-written metadata: read before the PDL wait. The entry's request's slots: num_splits each (flat slots: the
+  // split kernel's record, read after the wait below).
   const int rows_m = p.entries_per_request;
   const int request = static_cast<int>(entry) / rows_m;  // entries < 2^31 (plan_core)
   const int length = active && request < p.num_requests ? p.lengths[request] : 0;
   // An inactive warp (past the last entry: request 0) only reads inside request 0's slots.
   detail::RequestSlots slots{request * p.num_splits, p.num_splits};
   int splits = 0;
-  if constexpr (kSlots != kSlotsFlat) {
-    if constexpr (kSlots == kSlotsBalanced) {
-      slots = detail::balanced_request_slots(p.lengths, p.num_requests, p.grid_requests, p.num_splits, request);
-    }
-    splits = nonempty_splits(length, slots.count);
-  }
+  if constexpr (kSlots != kSlotsFlat) splits = nonempty_splits(length, slots.count);
 
   // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
   detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);

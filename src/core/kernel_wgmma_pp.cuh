@@ -54,7 +54,7 @@ __device__ __forceinline__ uint32_t row_barrier(int wg) { return 3 + wg; }
 }  // namespace wgmma_pp_detail
 
 // kTileN: rows of the N-tile (16, 32, 48, 64). kStages: page ring depth. kSlots: the CTA slots' deal (config.h):
-// uniform or balanced as core_split_kernel's, or flat, where a CTA's pages may span several requests and it runs
+// uniform as core_split_kernel's, or flat, where a CTA's pages may span several requests and it runs
 // one segment (query tile, softmax state, partial) per request, its ring and P^T buffers counting pages across them.
 template <int kTileN, int kStages, int kSlots>
 __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __grid_constant__ CoreParams p) {

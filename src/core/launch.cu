@@ -24,6 +24,8 @@ struct SplitKernel {
   size_t smem_bytes;
 };
 
+// Bounded dispatch on (variant, tile, ring depth, slot deal): a value outside the table is an error, never a fallback.
+// mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM. Ping-pong wgmma: one CTA per SM.
 // The ping-pong kernel of (tile, ring depth) for the slot deal kSlots (config.h).
 template <int kSlots>
 SplitKernel pp_kernel_for(int tile_rows, int stages) {
@@ -44,9 +46,6 @@ SplitKernel pp_kernel_for(int tile_rows, int stages) {
   }
 }
 
-// Bounded dispatch on (variant, tile, ring depth), kB = balanced slots: a value outside the table is an error,
-// never a fallback. mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM. Ping-pong wgmma: one
-// CTA per SM.
 // The mma.sync kernel of a ring depth for the slot deal kSlots.
 template <int kSlots>
 SplitKernel mma_kernel_for(int stages) {
@@ -58,29 +57,24 @@ SplitKernel mma_kernel_for(int stages) {
   }
 }
 
-template <bool kB>
+// The split kernel of (variant, tile, ring depth) for the slot deal kSlots.
+template <int kSlots>
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages) {
-  if (kernel == kKernelMmaSync) return mma_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(stages);
+  if (kernel == kKernelMmaSync) return mma_kernel_for<kSlots>(stages);
   // NOTE: 3, not 4: with the f16 query tile (72 KB at 64 rows) a 4-page ring no longer fits 64-row tiles.
   if (stages != 2 && stages != 3) {
     throw_bad_argument("CoreShape.stages", "2 or 3 for wgmma-pp (0 = default)", std::to_string(stages));
   }
-  return pp_kernel_for<kB ? kSlotsBalanced : kSlotsUniform>(tile_rows, stages);
+  return pp_kernel_for<kSlots>(tile_rows, stages);
 }
 
 SplitKernel split_kernel_for(int kernel, int tile_rows, int stages, int slots) {
-  if (is_flat(slots)) {
-    if (kernel != kKernelMmaSync && kernel != kKernelWgmmaPp) {
-      throw Error("core: flat CTA slots are built for the mma.sync and ping-pong kernels");
-    }
-    if (slots == kSlotsFlatMerged) {
-      return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlatMerged>(stages)
-                                      : pp_kernel_for<kSlotsFlatMerged>(tile_rows, stages);
-    }
-    return kernel == kKernelMmaSync ? mma_kernel_for<kSlotsFlat>(stages) : pp_kernel_for<kSlotsFlat>(tile_rows, stages);
+  switch (slots) {
+    case kSlotsUniform: return split_kernel_for<kSlotsUniform>(kernel, tile_rows, stages);
+    case kSlotsFlat: return split_kernel_for<kSlotsFlat>(kernel, tile_rows, stages);
+    case kSlotsFlatMerged: return split_kernel_for<kSlotsFlatMerged>(kernel, tile_rows, stages);
+    default: throw Error("core: no split kernel is built for slot deal " + std::to_string(slots));
   }
-  return slots == kSlotsBalanced ? split_kernel_for<true>(kernel, tile_rows, stages)
-                                 : split_kernel_for<false>(kernel, tile_rows, stages);
 }
 
 // Bytes of the split partials in the workspace (latents, then LSEs), rounded up to 8 for the flat slots' records.
@@ -98,7 +92,7 @@ bool records_slots(const CorePlan& plan) { return plan.flat_slots && !plan.merge
 
 int slot_mode(const CorePlan& plan) {
   if (plan.flat_slots) return plan.merge_in_split ? kSlotsFlatMerged : kSlotsFlat;
-  return plan.balanced_slots ? kSlotsBalanced : kSlotsUniform;
+  return kSlotsUniform;
 }
 
 int threads_for(int kernel) {
@@ -225,18 +219,14 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                           : choose_splits(requests * plan.m_tiles, slots, max_splits);
   }
   if (plan.m_tiles > 65535 * 64) throw Error("core: too many M-tiles");
-  // Balanced slots (split_rule.h, first_slot) where they can win: at 2-3 splits a request's one slot of its own
-  // holds more than the uniform deal's (src/core/README.md, next step 7). Their S x R CTA slots are the grid's y
-  // (at most 65535); the uniform deal's grid is (M-tiles, splits, requests).
-  // Flat slots (split_rule.h, flat_cta_range) for the mma.sync and ping-pong kernels wherever the batch has more than
-  // one request, one planned split included: every CTA then holds at most ceil(P / (S·R)) pages however the lengths
-  // spread (src/core/README.md, next steps 7 and 9). So no kernel deals balanced slots any more (the lockstep wgmma
-  // kernel did, until it went on 2026-12-06).
-  // Where a request has few segments (one split; two at narrow tiles) the split kernel merges them itself.
+  // Flat slots (split_rule.h, flat_cta_range) wherever the batch has more than one request, one planned split
+  // included: every CTA then holds at most ceil(P / (S·R)) pages however the lengths spread (src/core/README.md,
+  // next steps 7 and 9). Their S x R CTAs are the grid's y (at most 65535); the uniform deal's grid is (M-tiles,
+  // splits, requests). Where a request has few segments (one split; two at narrow tiles) the split kernel merges them
+  // itself.
   const bool slots_fit_grid = int64_t{plan.num_splits} * requests <= kMaxGridY;
   plan.flat_slots = requests > 1 && slots_fit_grid;
-  plan.balanced_slots = !plan.flat_slots && plan.num_splits >= kMinBalancedSplits && requests > 1 && slots_fit_grid;
-  plan.grid = plan.balanced_slots || plan.flat_slots
+  plan.grid = plan.flat_slots
                   ? dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits * requests), 1)
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
@@ -245,15 +235,15 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                                                                      plan.tile_rows <= kMaxRowsMergedAtTwoSplits));
   // Two ints a (request, M-tile): the mma.sync kernel counts arrivals and stored partials, the ping-pong one the first.
   plan.tile_counters = plan.merge_in_split ? 2 * requests * plan.m_tiles : 0;
-  // The balanced and flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
-  if (plan.balanced_slots || plan.flat_slots) {
+  // The flat deals have their own instantiations of the split kernel: same shared memory and occupancy.
+  if (plan.flat_slots) {
     const KernelFn dealt = split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn;
     MLA_CUDA_CHECK(cudaFuncSetAttribute(dealt, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(plan.smem_bytes)));
     int dealt_ctas_per_sm = 0;
     MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dealt_ctas_per_sm, dealt, threads_for(plan.kernel),
                                                                  plan.smem_bytes));
-    if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the balanced / flat split kernel's occupancy differs");
+    if (dealt_ctas_per_sm != plan.ctas_per_sm) throw Error("core: the flat split kernel's occupancy differs");
   }
   // Partial latents and LSEs, then for the combine under flat slots each request's recorded (first slot, count)
   // (8-byte aligned).
@@ -388,9 +378,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   combine.l2_prefetch_bytes = args.l2_prefetch_bytes;
   combine.timeline = args.combine_timeline;
   void* combine_args[] = {&combine};
-  const auto combine_kernel = plan.flat_slots       ? &core_combine_kernel<kSlotsFlat>
-                              : plan.balanced_slots ? &core_combine_kernel<kSlotsBalanced>
-                                                    : &core_combine_kernel<kSlotsUniform>;
+  const auto combine_kernel = plan.flat_slots ? &core_combine_kernel<kSlotsFlat> : &core_combine_kernel<kSlotsUniform>;
   launch_with_pdl(reinterpret_cast<const void*>(combine_kernel),
                   plan.combine_grid, plan.combine_block, 0,
                   stream, combine_args);

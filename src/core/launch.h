@@ -27,13 +27,6 @@ struct CoreShape {
   int tile_rows = 0;                       // wgmma-pp N-tile 16, 32, 48 or 64; 0 = choose_wgmma_tile(q*heads)
 };
 
-// The fewest planned splits at which the batch's CTA slots are dealt by pages (CorePlan.balanced_slots). Every
-// request keeps one slot, so the balanced deal's fullest slot holds about P / ((S - 1)·R) pages against the
-// uniform deal's max_r pages_r / S: smaller only for S > 3 at a +-50 % spread (measured H100, 128 x 4k +-50 %
-// x16, S = 2: 160.6 µs uniform, 185.8 balanced; 32 x 32k +-50 % x12, S = 8: 297.1 uniform, 223.5 balanced).
-// Since flat slots (CorePlan.flat_slots) the planned kernels no longer use it, and since the lockstep wgmma kernel
-// went no kernel does (the mma.sync and ping-pong kernels deal flat slots wherever balanced ones could run).
-inline constexpr int kMinBalancedSplits = 4;
 // Flat slots merge in the split kernel (CorePlan::merge_in_split) at one planned split, and at two where the M-tile
 // has at most kMaxRowsMergedAtTwoSplits rows: a request then spans few CTAs (about S + 1 at a ±50 % spread) and the
 // CTA that merges it reads their partials, slots x tile rows x 2 KB, on its own path. Measured at two splits (H100,
@@ -66,13 +59,11 @@ struct CorePlan {
   int stages = 2;              // K/V page ring depth
   int ctas_per_sm = 1;         // occupancy of the split kernel
   int num_sms = 0;             // multiprocessors of the planned device
-  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); balanced or flat: (m_tiles,
-                               // num_splits * requests, 1), CTA slots dealt by pages (split_rule.h)
-  bool balanced_slots = false; // the slots dealt to the requests by pages at run time (first_slot), not
-                               // num_splits each: never set since the lockstep wgmma kernel went (2026-12-06)
+  dim3 grid;                   // split kernel grid (m_tiles, num_splits, requests); flat: (m_tiles,
+                               // num_splits * requests, 1), the batch's pages dealt over the CTAs (split_rule.h)
   bool flat_slots = false;     // the batch's pages flattened over num_splits * requests CTAs across request
-                               // boundaries (split_rule.h, flat_cta_range): the mma.sync and ping-pong kernels with
-                               // more than one request and num_splits * requests <= 65535
+                               // boundaries (split_rule.h, flat_cta_range): more than one request and
+                               // num_splits * requests <= 65535 (grid y)
   int64_t partial_slots = 1;   // partial rows' slots in the workspace: num_splits * requests (+ requests - 1 flat)
   bool merge_in_split = false; // flat slots at one split (two at <= kMaxRowsMergedAtTwoSplits rows): the segment CTA that finishes a
                                // request's M-tile last merges it (kernel.cuh: mma.sync into its registers, core_split_kernel;

@@ -22,7 +22,7 @@ struct CoreParams {
   int q = 1;              // rows per request (1..8); M side of a request = q * num_heads rows
   int num_splits = 1;     // planned split-KV count per request; 1 = write latent/lse directly, no combine
   int grid_requests = 1;  // rows / q (padded requests included): num_splits * grid_requests CTA slots per
-                          // M-tile: num_splits each, or dealt by pages (split_rule.h, first_slot)
+                          // M-tile: num_splits each, or the batch's pages dealt over them (flat slots)
   int dcp_rank = 0;       // local token j has global position ((j / I) * D + k) * I + j % I
   int dcp_size = 1;       //   D (1 = no DCP: g = j)
   int dcp_interleave = 1; //   I
@@ -35,8 +35,8 @@ struct CoreParams {
   void* latent = nullptr;         // [rows, heads, 512] bf16 (written here when num_splits == 1, or under flat
                                   // slots for a request one CTA holds whole: writes_directly; else by the combine)
   float* lse = nullptr;           // [rows, heads] fp32 natural log (written likewise)
-  float* partial_latent = nullptr;  // [slots, q * heads, 512] fp32, normalized per split: slot s of request r
-                                    // at rows (first_slot(r) + s) * q * heads + mi; flat slots: CTA c's segment
+  float* partial_latent = nullptr;  // [slots, q * heads, 512] fp32, normalized per split: split s of request r
+                                    // at rows (r * num_splits + s) * q * heads + mi; flat slots: CTA c's segment
                                     // of request r at slot r + c (CorePlan.partial_slots slots)
   float* partial_lse = nullptr;     // [slots, q * heads] fp32 natural log, -inf = nothing visible
   int* request_slots = nullptr;     // flat slots: [grid_requests] x (first slot, count) of each request with pages,

@@ -56,39 +56,6 @@ MLA_CORE_SPLIT_RULE_FN SplitRange split_range(int length, int num_splits, int sp
   return s;
 }
 
-// ---- Balanced CTA slots (src/core/README.md, next step 7) ---------------------------------------------------
-// A shape planned for `num_splits` splits and R requests (padded ones included) has N = num_splits · R CTA slots
-// per M-tile. Each request gets one slot, and the other N − R go to the requests in proportion to their pages:
-// request r owns slots [first_slot(r), first_slot(r + 1)), first_slot(r) = r + ⌊(num_splits − 1)·R·p_r / P⌋
-// with p_r its pages before it and P the batch's pages (P = 0: num_splits each). Equal lengths give every
-// request num_splits slots, as the uniform rule; a longer request gets more, so that every slot holds about
-// P / ((num_splits − 1)·R) pages. Within its slots a request deals its pages by split_range.
-// ⌊a / b⌋ for a >= 0, b > 0 and a quotient below 2^20: a float estimate (within ±1 of it) corrected to the exact
-// floor. NOTE: not a / b: a 64-bit division is a call on the GPU, and ptxas spilled registers around it (the
-// combine, 2026-12-05).
-MLA_CORE_SPLIT_RULE_FN int64_t floor_div_small_quotient(int64_t a, int64_t b) {
-#if defined(__CUDA_ARCH__)
-  int64_t q = static_cast<int64_t>(__fdividef(static_cast<float>(a), static_cast<float>(b)));  // 2 ulp
-#else
-  int64_t q = static_cast<int64_t>(static_cast<float>(a) / static_cast<float>(b));
-#endif
-  if (q * b > a) {
-    --q;
-  } else if ((q + 1) * b <= a) {
-    ++q;
-  }
-  return q;
-}
-
-// The plan deals balanced slots only where num_splits · R <= 65535 (the grid's y), so the quotient is < 2^16.
-MLA_CORE_SPLIT_RULE_FN int first_slot(int request, int64_t pages_before, int64_t total_pages, int num_splits,
-                                      int num_requests) {
-  if (total_pages == 0) return request * num_splits;
-  const int64_t extra = int64_t{num_splits - 1} * num_requests;  // slots dealt by pages
-  return request + static_cast<int>(floor_div_small_quotient(extra * pages_before, total_pages));
-}
-
-
 // ---- Flat slots (the mma.sync and ping-pong kernels, more than one request; src/core/README.md, next step 7) -----
 // N = num_splits · R CTAs share the batch's P pages in request order, across request boundaries: CTA c takes the
 // flattened pages [c·ppc, min((c + 1)·ppc, P)), ppc = ceil(P / N), so every CTA holds at most ppc pages however the

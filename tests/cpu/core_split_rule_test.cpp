@@ -66,60 +66,6 @@ TEST(CoreSplitRule, SameTokensAsTheReference) {
   }
 }
 
-// first_slot: the N = num_splits · R slots partition among the requests, each at least one, equal lengths get
-// num_splits each, and no slot of a request holds more than ceil(P / ((num_splits − 1) · R)) of its pages.
-TEST(CoreSplitRule, BalancedSlots) {
-  using core::first_slot;
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 400; ++trial) {
-    const int requests = 1 + static_cast<int>(rng() % 64);
-    const int num_splits = 1 + static_cast<int>(rng() % 40);
-    const int max_len = trial % 4 == 0 ? 64 : 1 << (8 + trial % 12);
-    std::vector<int> pages(requests);
-    int64_t total = 0;
-    for (int& pg : pages) {
-      const int length = trial % 7 == 0 ? max_len : static_cast<int>(rng() % (max_len + 1));  // 0 included
-      pg = (length + kPageSize - 1) / kPageSize;
-      total += pg;
-    }
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << requests << " requests, " << num_splits
-                                      << " splits, " << total << " pages");
-    int64_t before = 0;
-    EXPECT_EQ(first_slot(0, 0, total, num_splits, requests), 0);
-    for (int r = 0; r < requests; ++r) {
-      const int first = first_slot(r, before, total, num_splits, requests);
-      const int next = first_slot(r + 1, before + pages[r], total, num_splits, requests);
-      ASSERT_GE(next - first, 1) << "request " << r;
-      if (num_splits > 1 && total > 0) {
-        const int64_t per_slot = (total + int64_t{num_splits - 1} * requests - 1) / (int64_t{num_splits - 1} * requests);
-        EXPECT_LE((pages[r] + (next - first) - 1) / (next - first), per_slot) << "request " << r;
-      }
-      before += pages[r];
-    }
-    EXPECT_EQ(first_slot(requests, total, total, num_splits, requests), num_splits * requests);
-  }
-  // Equal lengths: num_splits slots each, as the uniform rule.
-  for (int r = 0; r <= 10; ++r) EXPECT_EQ(first_slot(r, int64_t{r} * 64, 640, 5, 10), 5 * r);
-  // Nothing to read: num_splits each.
-  for (int r = 0; r <= 10; ++r) EXPECT_EQ(first_slot(r, 0, 0, 3, 10), 3 * r);
-}
-
-// floor_div_small_quotient (first_slot's division): exact against a / b wherever the float estimate lands on
-// either side of an integer (exact multiples, one below, one above), quotients up to 2^20 - 1.
-TEST(CoreSplitRule, FloorDivisionOfASmallQuotient) {
-  using core::floor_div_small_quotient;
-  std::mt19937_64 rng(11);
-  for (int trial = 0; trial < 200000; ++trial) {
-    const int64_t b = 1 + static_cast<int64_t>(rng() % (trial % 2 == 0 ? 1000 : (int64_t{1} << 40)));
-    const int64_t q = static_cast<int64_t>(rng() % (1 << 20));
-    for (const int64_t a : {q * b, q * b - 1, q * b + 1, q * b + b / 2, q * b + b - 1}) {
-      if (a < 0 || a / b >= (1 << 20)) continue;
-      ASSERT_EQ(floor_div_small_quotient(a, b), a / b) << a << " / " << b;
-    }
-  }
-}
-
-
 // Flat slots (split_rule.h): the N CTAs' flattened page ranges cut at request boundaries give every page of every
 // request to exactly one (request, CTA) segment; the segment's slot r + c lies in the request's slots
 // (flat_request_slots, what the combine merges), every one of those slots holds exactly one segment, no slot is

@@ -22,7 +22,7 @@ import sys
 # Kernel name (mangled, as cuobjdump prints it) -> fewest loads (LDG, LDGSTS) before the wait, and what they
 # are. The counts are static SASS instructions (a predicated or unrolled load counts once per instruction): the
 # designed loads where they are few (core, value_kernel), a floor well under today's count where they are many
-# (the query kernels issue 18-27, the balanced core kernels 15-17): the failure this guards against is the wait
+# (the query kernels issue 18-27): the failure this guards against is the wait
 # moving above them all.
 RULES = [
     (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
@@ -38,16 +38,12 @@ LOCAL_MEMORY_ALLOWED = {
         "the planned 64-row ping-pong tile at 255 registers: 16-40 B of stack (spill outside the MMA chains; its "
         "cost unmeasured, src/core/README.md)",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 0>(mla::core::CoreParams)": "as <64, 3, 0>",
-    "void mla::core::core_wgmma_pp_kernel<64, 3, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
-    "void mla::core::core_wgmma_pp_kernel<64, 2, 1>(mla::core::CoreParams)": "as <64, 3, 0>",
     "void mla::core::core_wgmma_pp_kernel<64, 3, 2>(mla::core::CoreParams)":
         "the flat-slot 64-row tile: 56 B of stack, the segment walk's state beside the page loop's 255 registers",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 2>(mla::core::CoreParams)": "as <64, 3, 2>",
     "void mla::core::core_wgmma_pp_kernel<64, 3, 3>(mla::core::CoreParams)":
         "the flat-merged 64-row tile (one split): 64 B of stack, as <64, 3, 2> plus the merge's state",
     "void mla::core::core_wgmma_pp_kernel<64, 2, 3>(mla::core::CoreParams)": "as <64, 3, 3>",
-    "void mla::core::core_combine_kernel<1>(mla::core::CombineParams)":
-        "16 B of stack at 64 registers: the balanced slot lookup's values (unmeasured; a candidate for a fix)",
     "void mla::query::fused_query_kernel<8, 2, false>(mla::query::QueryParams)":
         "64-row tiles, planned only above 64 rows at H < 12 (the GEMM path otherwise): 40 B of stack in an inner "
         "loop at its 168-register cap",

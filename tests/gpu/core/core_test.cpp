@@ -351,11 +351,10 @@ std::vector<CoreCase> cases() {
   v.push_back(with(make("h64_q2_merged_in_split_two_splits", 64, 2, {4097, 63, 2000}), 2));
   {
     // Flat slots over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k, so
-    // the long ones get many more CTAs than the short ones, and two padded requests. (Named when the lockstep wgmma
-    // kernel dealt these by pages too, balanced slots: both since removed.)
+    // the long ones get many more CTAs than the short ones, and two padded requests.
     std::vector<int> lengths;
     for (int b = 0; b < 45; ++b) lengths.push_back(b % 9 == 0 ? 0 : (b * 977) % 4200);
-    v.push_back(with(make("h8_q1_45_requests_balanced", 8, 1, lengths), 6, 2));
+    v.push_back(with(make("h8_q1_45_requests_flat", 8, 1, lengths), 6, 2));
   }
   {
     // Flat slots (planned for the ping-pong kernel with > 1 request and >= 2 splits): CTAs whose pages span several
@@ -446,13 +445,12 @@ TEST(CorePlan, FillsTheMachine) {
   const core::CorePlan h96 = core::plan_core({.rows = 8, .heads = 96, .q = 1});
   EXPECT_EQ(h96.tile_rows, 48);
   EXPECT_EQ(h96.m_tiles, 2);
-  // Flat slots: the mma.sync and ping-pong kernels with >= 2 splits and more than one request (then never balanced);
-  // S x R CTAs and S x R + R - 1 partial slots.
+  // Flat slots: the mma.sync and ping-pong kernels with more than one request; S x R CTAs and S x R + R - 1 partial
+  // slots.
   for (const core::CoreShape& shape : {core::CoreShape{.rows = 8, .heads = 12, .q = 4, .num_splits = 3},
                                        core::CoreShape{.rows = 8, .heads = 12, .q = 1, .num_splits = 3}}) {
     const core::CorePlan flat = core::plan_core(shape);
     EXPECT_TRUE(flat.flat_slots) << shape.q;
-    EXPECT_FALSE(flat.balanced_slots) << shape.q;
     EXPECT_EQ(flat.grid.y, 3u * shape.rows / shape.q) << shape.q;
     EXPECT_EQ(flat.partial_slots, 4 * shape.rows / shape.q - 1) << shape.q;
   }
@@ -490,7 +488,6 @@ TEST(CorePlan, FillsTheMachine) {
   EXPECT_EQ(wide.grid.y, 255u * 256u);
   const core::CorePlan too_wide = core::plan_core({.rows = 256, .heads = 12, .q = 1, .num_splits = 256});
   EXPECT_FALSE(too_wide.flat_slots);
-  EXPECT_FALSE(too_wide.balanced_slots);
   EXPECT_EQ(too_wide.grid.y, 256u);
   EXPECT_EQ(too_wide.grid.z, 256u);
 }
