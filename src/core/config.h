@@ -65,7 +65,7 @@ struct SharedMemoryPlan {
   alignas(8) uint64_t full[kStages];                         // mbarrier per stage: page landed
 };
 
-// ---- wgmma (the helpers: kernel_wgmma.cuh) ------------------------------------------------------------
+// ---- wgmma (the helpers: wgmma.cuh) -------------------------------------------------------------------
 // One CTA = two warpgroups over one (request, split, N-tile) where the N side holds kTileN of the request's folded M
 // rows ("swap AB": the 64 tokens of a page are the wgmma M side, so H·q = 16 wastes nothing). Warpgroup w computes
 // O^T for latent dims [256w, 256w + 256) over all kTileN rows.
@@ -82,7 +82,7 @@ static_assert(kKvLoraRank == 2 * kWgDims && kWgDims == 4 * 64, "each warpgroup o
 // c ^ ((r >> 1) & 3) (a 64-byte swizzle: keeps the ldmatrix of K and the V loads conflict-free).
 // Query tile: f16 [k block 9][row kTileN][64 halves], K-major with the wgmma 128-byte swizzle (chunk c of
 // row r at c ^ (r & 7)), its k order permuted within each 16-element step to match the K fragments
-// (kernel_wgmma.cuh). P^T: [row kTileN][64 tokens] fp16, the same 128-byte swizzle.
+// (wgmma.cuh). P^T: [row kTileN][64 tokens] fp16, the same 128-byte swizzle.
 inline constexpr int kSw128Halves = 64;  // f16 elements of one 128-byte swizzle row
 
 // ---- Ping-pong wgmma kernel (kernel_wgmma_pp.cuh) -----------------------------------------------------

@@ -3,7 +3,7 @@
 // Grid: x = N-tile of the request (kTileN rows of the folded (q row, head) M side), y and z = the split and the
 // request (flat slots: y = the CTA, z = 1). Block: two warpgroups that take the split's pages in turns, not in
 // lockstep phases. Warpgroup w owns the pages k with k % 2 == w: it computes their S^T = K·Q^T over the whole
-// 576-long reduction (swap AB, f16 wgmma m64nNk16, A = K from registers: kernel_wgmma.cuh, so each K byte is
+// 576-long reduction (swap AB, f16 wgmma m64nNk16, A = K from registers: wgmma.cuh, so each K byte is
 // converted once) and their softmax for all kTileN rows, and publishes P^T;
 // both warpgroups run O^T += V^T·P^T of every page for their own 256 latent dims (A = V^T from registers,
 // each V byte converted once). Per own page k, in this order:
@@ -30,7 +30,7 @@
 
 #include "core/config.h"
 #include "core/kernel.cuh"
-#include "core/kernel_wgmma.cuh"
+#include "core/wgmma.cuh"
 #include "core/params.h"
 
 namespace mla::core {
