@@ -170,10 +170,16 @@ TEST(Pipeline, EdgeLengthsAndPadding) {
 // (run_layer, then on the GPU's query bytes) at 0.5-1 us of one core (an EPYC core, measured), so at most
 // ~2 s a case on 16 cores, ~25 s for 12 cases that all reach it.
 constexpr int64_t kMaxReferenceWork = int64_t{1} << 24;
+// Bounds a random case's tokens (its synthetic cache: 2^18 tokens are 151 MB) and rows x heads (the reference's query
+// stage, ~0.4 M multiply-adds a (row, head)).
+constexpr int64_t kMaxRandomTokens = int64_t{1} << 18;
+constexpr int kMaxRandomRows = 512;
+constexpr int kMaxRandomRowHeads = 1 << 14;
 
-// A random case: heads (K3's per-GPU counts and the core's tile edges most often), q, 1-8 requests and up to 3
-// padding requests, lengths at the page and q edges or random, max_context (hence the core's split count and its
-// deal of the pages) from the longest length up, and the pitch.
+// A random case: heads (K3's per-GPU counts and the core's tile edges most often), q, 1-8 requests (one case in six a
+// large batch: up to 512 rows, the query stage's GEMM path past 64 rows) and up to 3 padding requests, lengths at the
+// page and q edges or random, max_context (hence the core's split count and its deal of the pages) from the longest
+// length up, and the pitch.
 PipelineCase random_case(synth::Rng& rng) {
   // rng() % n, not std::uniform_int_distribution (its algorithm differs between standard libraries), so that a seed
   // names the same cases everywhere; the modulo bias does not matter here.
@@ -182,8 +188,9 @@ PipelineCase random_case(synth::Rng& rng) {
   PipelineCase c;
   c.heads = uniform(0, 3) == 0 ? uniform(1, kMaxHeads) : pick({1, 3, 8, 12, 16, 24, 40, 48, 64, 80, 96, 128});
   c.q = uniform(0, 1) == 0 ? 1 : uniform(1, kMaxQueries);  // plain decode (no draft tokens) half the time
-  const int requests = uniform(1, 8);
-  const int64_t token_budget = kMaxReferenceWork / (int64_t{c.heads} * c.q);
+  const int max_requests = std::max(9, std::min(kMaxRandomRows / c.q, kMaxRandomRowHeads / (c.q * c.heads)) - 3);
+  const int requests = uniform(0, 5) == 0 ? uniform(9, max_requests) : uniform(1, 8);
+  const int64_t token_budget = std::min(kMaxRandomTokens, kMaxReferenceWork / (int64_t{c.heads} * c.q));
   const int longest_random = static_cast<int>(std::min<int64_t>(20000, token_budget / requests));
   int64_t tokens = 0;
   for (int b = 0; b < requests; ++b) {
