@@ -26,6 +26,7 @@ struct SplitKernel {
 
 // Bounded dispatch on (variant, tile, ring depth, slot deal): a value outside the table is an error, never a fallback.
 // mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM. Ping-pong wgmma: one CTA per SM.
+
 // The ping-pong kernel of (tile, ring depth) for the slot deal kSlots (config.h).
 template <int kSlots>
 SplitKernel pp_kernel_for(int tile_rows, int stages) {
