@@ -429,6 +429,18 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
   }
 }
 
+// One more split's LSE x (natural log) into a running fold: max_lse the largest so far, sum the sum of exp(lse -
+// max_lse). A larger x rescales the sum to it; -inf (the split's rows see nothing) adds nothing. The first pass of
+// both merges of split partials (the combine kernel, merge_if_last_segment).
+__device__ __forceinline__ void fold_lse(float x, float& max_lse, float& sum) {
+  if (x > max_lse) {
+    sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
+    max_lse = x;
+  } else if (x != -INFINITY) {
+    sum += __expf(x - max_lse);
+  }
+}
+
 // Flat slots merged in the split kernel (CoreParams::tile_counters, CorePlan::merge_in_split), the ping-pong kernel's
 // way (the mma.sync kernel merges into its registers instead: core_split_kernel, Phase 5). Every thread of the CTA
 // calls this after its segment's stores; a segment that is one of several of its request takes a ticket on the
@@ -480,14 +492,7 @@ __device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const
         x[u] = s0 + u < slots.count ? __ldcg(p.partial_lse + slot_row0 + int64_t{s0 + u} * rows_m + r) : -INFINITY;
       }
 #pragma unroll
-      for (int u = 0; u < kLseInFlight; ++u) {
-        if (x[u] > max_lse) {
-          sum = sum * __expf(max_lse - x[u]) + 1.0f;  // max_lse = -inf: sum was 0
-          max_lse = x[u];
-        } else if (x[u] != -INFINITY) {
-          sum += __expf(x[u] - max_lse);
-        }
-      }
+      for (int u = 0; u < kLseInFlight; ++u) fold_lse(x[u], max_lse, sum);
     }
     row_max[r] = max_lse;
     row_scale[r] = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
@@ -1236,16 +1241,8 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   } else {
     // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
     float max_lse = -INFINITY, sum = 0.0f;
-    auto add_lse = [&](float x) {
-      if (x > max_lse) {
-        sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
-        max_lse = x;
-      } else if (x != -INFINITY) {
-        sum += __expf(x - max_lse);
-      }
-    };
-    add_lse(lane < splits ? first_lse : -INFINITY);
-    for (int s = lane + 32; s < splits; s += 32) add_lse(lse_of_entry[int64_t{s} * rows_m]);
+    detail::fold_lse(lane < splits ? first_lse : -INFINITY, max_lse, sum);
+    for (int s = lane + 32; s < splits; s += 32) detail::fold_lse(lse_of_entry[int64_t{s} * rows_m], max_lse, sum);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
