@@ -192,35 +192,9 @@ __device__ __forceinline__ T warp_inclusive_sum(T v) {
   return v;
 }
 
-// Which split of which request a split kernel's CTA is, with that request's length and total (DCP: its global
-// length). Host-written data only: before the PDL wait.
-struct SlotSplit {
-  int slot = 0;        // the CTA's slot: its partial rows are [slot * q * heads, +q * heads)
-  int request = 0;
-  int split = 0;       // within the request: 0 .. splits - 1
-  int splits = 1;      // the request's slots (num_splits)
-  int length = 0;      // the request's local tokens (0 for a padded request)
-  int total = 0;       // its global tokens (DCP), else length
-};
-
-// This CTA's split under uniform slots (grid (M-tiles, splits, requests)): request blockIdx.z, split blockIdx.y, no
-// scan. Every thread of the block calls it.
-__device__ __forceinline__ SlotSplit slot_split(const CoreParams& p) {
-  SlotSplit s;
-  s.request = static_cast<int>(blockIdx.z);
-  s.split = static_cast<int>(blockIdx.y);
-  s.splits = p.num_splits;
-  s.slot = s.request * p.num_splits + s.split;
-  if (s.request < p.num_requests) {
-    s.length = p.lengths[s.request];
-    s.total = p.totals != nullptr ? p.totals[s.request] : s.length;
-  }
-  return s;
-}
-
-// A split kernel CTA's work: which split of which request (slot_split), where its rows go and which pages of it it
-// reads (split_range, split_rule.h). Host-written data only (lengths, totals): every split kernel computes it before
-// the PDL wait. NOTE: the kernels unpack it with a structured binding, in the order of its fields.
+// A split kernel CTA's work under uniform slots (grid (M-tiles, splits, requests): request blockIdx.z, split
+// blockIdx.y, no scan): where its rows go and which pages of the request it reads (split_range, split_rule.h).
+// Host-written data only (lengths, totals): every split kernel computes it before the PDL wait. NOTE: the kernels unpack it with a structured binding, in the order of its fields.
 struct CtaSplit {
   int request = 0;
   int64_t entry0 = 0;          // the request's first M row in the query / latent / LSE: (b*q + i)*H + h = entry0 + mi
@@ -233,19 +207,21 @@ struct CtaSplit {
   const int32_t* pages = nullptr;  // the request's block-table row
 };
 __device__ __forceinline__ CtaSplit cta_split(const CoreParams& p, int rows_m) {
-  const SlotSplit where = slot_split(p);
+  const int split = static_cast<int>(blockIdx.y);
   CtaSplit s;
-  s.request = where.request;
-  s.entry0 = int64_t{where.request} * rows_m;
-  s.partial_row0 = int64_t{where.slot} * rows_m;
-  s.length = where.length;
-  s.total = where.total;
-  const SplitRange range = split_range(s.length, where.splits, where.split);
+  s.request = static_cast<int>(blockIdx.z);
+  s.entry0 = int64_t{s.request} * rows_m;
+  s.partial_row0 = int64_t{s.request * p.num_splits + split} * rows_m;  // its slot's partial rows
+  if (s.request < p.num_requests) {
+    s.length = p.lengths[s.request];
+    s.total = p.totals != nullptr ? p.totals[s.request] : s.length;
+  }
+  const SplitRange range = split_range(s.length, p.num_splits, split);
   s.page_begin = range.page_begin;
   s.num_pages = range.num_pages;
   // With one split the request's latent is the output, so an empty request still writes its zeros / -inf.
   s.writes_nothing = s.num_pages == 0 && p.num_splits > 1;
-  s.pages = p.block_table + int64_t{where.request} * p.stride_block_table;
+  s.pages = p.block_table + int64_t{s.request} * p.stride_block_table;
   return s;
 }
 
@@ -566,7 +542,7 @@ __device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t tot
 }  // namespace detail
 
 // kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kSlots: the CTA slots' deal (config.h): uniform
-// (slot_split) or flat (CorePlan.flat_slots: the CTA's pages may span several requests, one segment each, as in the
+// (cta_split) or flat (CorePlan.flat_slots: the CTA's pages may span several requests, one segment each, as in the
 // ping-pong kernel; its ring counts pages across segments).
 template <int kStages, int kMinBlocksPerSm, int kSlots>
 __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
