@@ -194,7 +194,8 @@ __device__ __forceinline__ T warp_inclusive_sum(T v) {
 
 // A split kernel CTA's work under uniform slots (grid (M-tiles, splits, requests): request blockIdx.z, split
 // blockIdx.y, no scan): where its rows go and which pages of the request it reads (split_range, split_rule.h).
-// Host-written data only (lengths, totals): every split kernel computes it before the PDL wait. NOTE: the kernels unpack it with a structured binding, in the order of its fields.
+// Host-written data only (lengths, totals): every split kernel computes it before the PDL wait. NOTE: the kernels
+// unpack it with a structured binding, in the order of its fields.
 struct CtaSplit {
   int request = 0;
   int64_t entry0 = 0;          // the request's first M row in the query / latent / LSE: (b*q + i)*H + h = entry0 + mi
