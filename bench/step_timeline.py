@@ -45,8 +45,9 @@ def main(path):
     periods = [b[0][0] - a[0][0] for a, b in zip(steps, steps[1:])]
     layout = [k[2] for k in steps[-1]]
     tail = [s for s in steps[len(steps) // 2:] if [k[2] for k in s] == layout]
-    print(f"  {len(tail)} steps of {len(steps)}; step period median {statistics.median(periods[len(steps) // 2:]) / 1e3:.2f} us"
-          f" (includes the gaps between graph replays)")
+    period = statistics.median(periods[len(steps) // 2:]) / 1e3
+    print(f"  {len(tail)} steps of {len(steps)}; step period median {period:.2f} us (includes the gaps between graph "
+          f"replays)")
     print(f"  {'kernel':<24} {'start':>7} {'end':>7} {'span':>7} {'end - previous end':>19}   us")
     prev_end = None
     for i, name in enumerate(layout):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Where a whole step's time goes: step_bench --fused-only under Nsight Systems with per-node CUDA-graph tracing, then
-# bench/step_timeline.py prints, per kernel of the step, when its first CTA started and when its last one ended, relative
-# to the step's query kernel (median over the traced steps). With programmatic dependent launch a kernel starts before
-# its producer ends; the gap between a producer's end and its dependent's end is what the dependent added to the step.
+# bench/step_timeline.py prints, per kernel of the step, when its first CTA started and when its last one ended,
+# relative to the step's query kernel (median over the traced steps). With programmatic dependent launch a kernel starts
+# before its producer ends; the gap between a producer's end and its dependent's end is what the dependent added.
 # Device only (needs nsys; the tracing adds a little to each kernel, so compare the phases with each other).
 #   scripts/step_timeline.sh [BUILD_DIR] [SHAPE...]   e.g. scripts/step_timeline.sh build-main 1x4096x12x1 4x4096x96x1
 set -uo pipefail
