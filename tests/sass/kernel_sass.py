@@ -25,7 +25,7 @@ import sys
 # (the query kernels issue 18-27): the failure this guards against is the wait
 # moving above them all.
 RULES = [
-    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split / slot_split)"),
+    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split)"),
     (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
     (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
     (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
