@@ -49,9 +49,9 @@ def main(path):
     print(f"  {len(tail)} steps of {len(steps)}; step period median {period:.2f} us (includes the gaps between graph "
           f"replays)")
     print(f"  {'kernel':<24} {'start':>7} {'end':>7} {'span':>7} {'end - previous end':>19}   us")
+    t0 = [s[0][0] for s in tail]  # each step's query start
     prev_end = None
     for i, name in enumerate(layout):
-        t0 = [s[0][0] for s in tail]
         start = statistics.median(s[i][0] - z for s, z in zip(tail, t0)) / 1e3
         end = statistics.median(s[i][1] - z for s, z in zip(tail, t0)) / 1e3
         span = statistics.median(s[i][1] - s[i][0] for s in tail) / 1e3

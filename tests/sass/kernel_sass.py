@@ -22,8 +22,7 @@ import sys
 # Kernel name (mangled, as cuobjdump prints it) -> fewest loads (LDG, LDGSTS) before the wait, and what they
 # are. The counts are static SASS instructions (a predicated or unrolled load counts once per instruction): the
 # designed loads where they are few (core, value_kernel), a floor well under today's count where they are many
-# (the query kernels issue 18-27): the failure this guards against is the wait
-# moving above them all.
+# (the query kernels issue 18-27): the failure this guards against is the wait moving above them all.
 RULES = [
     (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split)"),
     (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
