@@ -9,6 +9,8 @@
 
 namespace mla::value {
 
+// NOTE: callers load `packed` into a local first: a reference bound straight to a global uint4 let ptxas read it as
+// four 32-bit loads (LDG.E) instead of one LDG.E.128 (cuobjdump -sass, 2026-12-06).
 __device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float (&out)[8]) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
 #pragma unroll
@@ -46,7 +48,8 @@ __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int
     if (weight == 0.0f) continue;
     weight_sum += weight;
     float partial[kKPerThread];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(p.partial_latent[r] + latent_index), partial);
+    const uint4 packed = *reinterpret_cast<const uint4*>(p.partial_latent[r] + latent_index);
+    bf16x8_to_float(packed, partial);
 #pragma unroll
     for (int i = 0; i < kKPerThread; ++i) latent[i] = fmaf(weight, partial[i], latent[i]);
   }
@@ -100,6 +103,18 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
   // ---- 4. Passes of 4 rows: partial dot products, reduced over the warp's 8 k slices by shuffles and
   // over the 8 warps through shared memory.
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRowsPerPass) {
+    // The epilogue's inputs for this thread's (row, column) of step 5, asked for before the latent so that their round
+    // trips overlap its loads instead of following the reduction: the gate logit and the row's token count.
+    const int epilogue_row = pass_begin + static_cast<int>(threadIdx.x) / kColumnsPerCta;
+    const int out_column = head * kVHeadDim + column_slice * kColumnsPerCta + threadIdx.x % kColumnsPerCta;
+    const bool stores = threadIdx.x < kRowsPerPass * kColumnsPerCta && epilogue_row < row_end;
+    bool zero_row = true;
+    float gate = 0.0f;
+    if (stores) {
+      zero_row = is_zero_row(p, epilogue_row);
+      gate = __bfloat162float(p.projected[epilogue_row * p.stride_projected_row + kProjectedGateOffset + out_column]);
+    }
+
     float acc[kRowsPerPass][kColumnsPerThread] = {};
 #pragma unroll
     for (int rr = 0; rr < kRowsPerPass; ++rr) {
@@ -109,9 +124,9 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
       if constexpr (kMergeDcp) {
         merged_latent(p, row, head, k_begin, latent);
       } else {
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
-                                                        head * kKvLoraRank + k_begin),
-                        latent);
+        const uint4 packed = *reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
+                                                             head * kKvLoraRank + k_begin);
+        bf16x8_to_float(packed, latent);
       }
 #pragma unroll
       for (int i = 0; i < kKPerThread; ++i) {
@@ -136,22 +151,17 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
     __syncthreads();
 
     // ---- 5. Epilogue: one thread per (row, column): sum the warps, gate, store (64 B per warp).
-    if (threadIdx.x < kRowsPerPass * kColumnsPerCta) {
+    if (stores) {
       const int rr = threadIdx.x / kColumnsPerCta;
       const int column = threadIdx.x % kColumnsPerCta;
-      const int row = pass_begin + rr;
-      if (row < row_end) {
-        const int out_column = head * kVHeadDim + column_slice * kColumnsPerCta + column;
-        float result = 0.0f;
-        if (!is_zero_row(p, row)) {
-          float v = 0.0f;
+      float result = 0.0f;
+      if (!zero_row) {
+        float v = 0.0f;
 #pragma unroll
-          for (int w_idx = 0; w_idx < kWarps; ++w_idx) v += smem.partial[rr][w_idx][column];
-          const float gate = __bfloat162float(p.projected[row * p.stride_projected_row + kProjectedGateOffset + out_column]);
-          result = v / (1.0f + expf(-gate));
-        }
-        p.out[static_cast<int64_t>(row) * p.num_heads * kVHeadDim + out_column] = __float2bfloat16_rn(result);
+        for (int w_idx = 0; w_idx < kWarps; ++w_idx) v += smem.partial[rr][w_idx][column];
+        result = v / (1.0f + expf(-gate));
       }
+      p.out[static_cast<int64_t>(epilogue_row) * p.num_heads * kVHeadDim + out_column] = __float2bfloat16_rn(result);
     }
     __syncthreads();
   }
