@@ -6,14 +6,16 @@
 // step's out, all as CUDA graphs of 20 steps rotating over replicas whose caches exceed 150 MB and whose weights
 // exceed 600 MB (L2-cold under any L2 policy), median of 30 replays; the floor from ceilings measured in the same run.
 //
-//   step_bench [--csv FILE] [--quick] [--fused-only] [--shape ROWSxCONTEXTxHxQ[v] ...]
+//   step_bench [--csv FILE] [--quick] [--fused-only] [--timeline] [--shape ROWSxCONTEXTxHxQ[v] ...]
 //
 // Grid: batch rows {1, 4, 16, 64, 256} x context {4k, 32k, 128k} x H {12, 96} x q {1, 4} (rows are
 // requests * q, so batch 1 has no q = 4 shape); --quick: rows {1, 16, 256} x context {4k, 128k}; each --shape
 // (e.g. 16x4096x12x4) replaces the grid. Every request has the full context, except in a --shape with a
 // trailing v (e.g. 16x32768x12x1v): a varlen batch, lengths spread +-50 % around the context as core_bench's
 // (bench_inputs.cuh, varlen_length), shown as "32768v". --fused-only times only our step (the stock columns
-// stay empty): a quicker before/after of a kernel change.
+// stay empty): a quicker before/after of a kernel change. --timeline (a build configured with -DMLA_TIMELINE=ON) prints
+// after each row when each kernel of a step starts, waits and ends (step_timeline below); compare its timings only with
+// other timeline builds (the marks cost a little).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -31,13 +33,17 @@
 
 #include "common/cublas_check.h"
 #include "common/cuda_check.h"
+#include "core/config.h"
 #include "core/launch.h"
 #include "device_timing.h"
 #include "mla/mla.h"
+#include "query/config.h"
+#include "value/config.h"
 #include "bench_inputs.cuh"
 #include "core_bench_stock.cuh"
 #include "query_bench_stock.cuh"
 #include "synthetic.h"
+#include "timeline_report.h"
 
 namespace mla::bench {
 namespace {
@@ -245,6 +251,97 @@ double relative_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
+
+// --timeline (an MLA_TIMELINE build): where one step's time goes, kernel by kernel. One CUDA graph of
+// kTimelineSteps steps over the replicas in turn, as the timed graphs run them, the last two through
+// PreparedMla::run_timeline; printed for the last: each kernel's first CTA start, its CTAs' PDL-wait returns
+// (median, last) and its last CTA end, in µs from its query kernel's first CTA start (the split kernel's where the
+// query takes the GEMM path, which has no marks), the step before's value end, then each kernel's phases.
+constexpr int kTimelineSteps = 8;
+std::string step_timeline(const std::vector<std::unique_ptr<Replica>>& copies, const Config& c, cudaStream_t stream) {
+  const PreparedMla::StepCtas ctas = copies[0]->mla->timeline_ctas(c.rows, c.q);  // every replica's shape is this
+  struct Kernel {
+    const char* name;
+    int ctas, waited_mark;
+    std::vector<std::string> marks;
+  };
+  auto names = [](const auto& array) { return std::vector<std::string>(std::begin(array), std::end(array)); };
+  const std::vector<Kernel> kernels = {
+      {"query", ctas.query, query::kMarkWaited, names(query::kQueryMarkNames)},
+      {"core split", ctas.split, core::kCoreMarkWaited, names(core::kCoreMarkNames)},
+      {"combine", ctas.combine, core::kCombineMarkWaited, names(core::kCombineMarkNames)},
+      {"value", ctas.value, value::kValueMarkWaited, names(value::kValueMarkNames)}};
+  size_t per_step = 0;  // stamps of one step, the kernels' buffers one after the other
+  for (const Kernel& k : kernels) per_step += size_t(k.ctas) * timeline::kMaxMarks;
+  uint64_t* stamps;
+  MLA_CUDA_CHECK(cudaMalloc(&stamps, 2 * per_step * sizeof(uint64_t)));
+  MLA_CUDA_CHECK(cudaMemset(stamps, 0, 2 * per_step * sizeof(uint64_t)));
+  auto buffer = [&](int step, int kernel) -> uint64_t* {
+    size_t offset = step * per_step;
+    for (int k = 0; k < kernel; ++k) offset += size_t(kernels[k].ctas) * timeline::kMaxMarks;
+    return kernels[kernel].ctas > 0 ? stamps + offset : nullptr;
+  };
+
+  cudaGraph_t graph;
+  MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kTimelineSteps; ++i) {
+    Replica& r = *copies[i % copies.size()];
+    const int stamped = i - (kTimelineSteps - 2);
+    if (stamped < 0) {
+      r.mla->run(r.inputs, stream);
+    } else {
+      r.mla->run_timeline(r.inputs, stream, {buffer(stamped, 0), buffer(stamped, 1), buffer(stamped, 2), buffer(stamped, 3)});
+    }
+  }
+  MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  MLA_CUDA_CHECK(cudaGraphDestroy(graph));
+  MLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  std::vector<uint64_t> host(2 * per_step);
+  MLA_CUDA_CHECK(cudaMemcpy(host.data(), stamps, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  MLA_CUDA_CHECK(cudaFree(stamps));
+  auto launch = [&](int step, int kernel) {
+    return LaunchStamps{host.data() + (buffer(step, kernel) - stamps), kernels[kernel].ctas, &kernels[kernel].marks};
+  };
+
+  const int first = kernels[0].ctas > 0 ? 0 : 1;  // the step's first kernel with marks
+  const double origin = launch(1, first).first_start();
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "  timeline (graph of %d steps, the last; µs from its %s kernel's first CTA): the step before's value "
+                "kernel ended at %+.2f\n    %-11s %6s %12s %22s %9s\n",
+                kTimelineSteps, kernels[first].name, (launch(0, 3).last_end() - origin) / 1e3, "kernel", "CTAs",
+                "first start", "waited: median / last", "last end");
+  out += line;
+  for (int k = 0; k < int(kernels.size()); ++k) {
+    if (kernels[k].ctas == 0) {
+      std::snprintf(line, sizeof line, "    %-11s %6s\n", kernels[k].name,
+                    k == 0 ? "GEMM path: no marks" : "none (the splits merge in the split kernel)");
+      out += line;
+      continue;
+    }
+    const LaunchStamps l = launch(1, k);
+    std::vector<double> waited;
+    for (int cta = 0; cta < l.ctas; ++cta) {
+      if (l.at(cta, kernels[k].waited_mark) != 0) waited.push_back((l.at(cta, kernels[k].waited_mark) - origin) / 1e3);
+    }
+    std::sort(waited.begin(), waited.end());
+    std::snprintf(line, sizeof line, "    %-11s %6d %12.2f %13.2f / %6.2f %9.2f\n", kernels[k].name, l.ctas,
+                  (l.first_start() - origin) / 1e3, waited.empty() ? NAN : waited[waited.size() / 2],
+                  waited.empty() ? NAN : waited.back(), (l.last_end() - origin) / 1e3);
+    out += line;
+  }
+  for (int k = 0; k < int(kernels.size()); ++k) {
+    if (kernels[k].ctas == 0) continue;
+    out += std::string("   ") + kernels[k].name + " phases (since the CTA's previous mark):\n" + phase_report(launch(1, k));
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace mla::bench
 
@@ -252,7 +349,7 @@ int main(int argc, char** argv) {
   using namespace mla;
   std::string csv_path;
   bool quick = false;
-  bool fused_only = false;
+  bool fused_only = false, timeline = false;
   std::vector<bench::Config> shapes;  // --shape: replaces the grid
   for (int i = 1; i < argc; ++i) {
     bench::Config c{};
@@ -262,6 +359,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--fused-only")) {
       fused_only = true;
+    } else if (!std::strcmp(argv[i], "--timeline")) {
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+      std::fprintf(stderr, "step_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
+      return 2;
+#endif
+      timeline = true;
     } else if (char varlen = 0, extra = 0;
                !std::strcmp(argv[i], "--shape") && i + 1 < argc &&
                [&] {
@@ -274,7 +377,7 @@ int main(int argc, char** argv) {
       shapes.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] "
+                   "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] [--timeline] "
                    "[--shape ROWSxCONTEXTxHxQ[v] ...] (rows a multiple of q, 1 <= q <= %d; v: varlen)\n",
                    argv[i], kMaxQueries);
       return 2;
@@ -393,6 +496,7 @@ int main(int argc, char** argv) {
                   cell("%.2f", stock_attention_us, "-").c_str(), cell("%.2f", stock_attention_us / fused, "-").c_str(),
                   cell("%.1e", stock_err, "-").c_str(), cell("%.1e", stock_attention_err, "-").c_str(),
                   agree ? "" : " MISMATCH");
+      if (timeline) std::fputs(bench::step_timeline(copies, c, stream).c_str(), stdout);
       std::fflush(stdout);
       if (csv) {
         std::fprintf(csv, "%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%s,%.1f,%.2f,%s,%s,%s,%s,%d\n", rows, context, heads, q, fused,

@@ -146,6 +146,24 @@ class PreparedMla {
   // overlap: the four intervals sum to more than a plain run() takes.
   void run_profiled(const StepInputs& step, cudaStream_t stream, const std::array<cudaEvent_t, 4>& stage_events);
 
+  // Where a step's time goes, kernel by kernel (latency work; `step_bench --timeline`): in a build configured with
+  // -DMLA_TIMELINE=ON, run() with each kernel's per-CTA %globaltimer stamps (ns) written to device buffers laid out
+  // [CTAs][16] (src/common/timeline.h; CTA = the linear block index; each kernel folder's config.h names the marks).
+  // A null buffer records nothing. In other builds, and under DCP, an Error.
+  struct StepStamps {
+    uint64_t* query = nullptr;    // the fused query kernel (QueryMark)
+    uint64_t* split = nullptr;    // the core's split kernel (CoreMark)
+    uint64_t* combine = nullptr;  // the core's combine kernel (CombineMark)
+    uint64_t* value = nullptr;    // the value kernel (ValueMark)
+  };
+  // The CTAs each StepStamps buffer of shape (rows, q) must hold; 0 where that shape launches no such kernel (a core
+  // whose splits merge in the split kernel has no combine) or one without marks (the query's GEMM path: cuBLAS).
+  struct StepCtas {
+    int query = 0, split = 0, combine = 0, value = 0;
+  };
+  StepCtas timeline_ctas(int64_t rows, int q) const;
+  void run_timeline(const StepInputs& step, cudaStream_t stream, const StepStamps& stamps);
+
   // The value checks run() cannot afford on device tensors (page indices and slots in range, lengths
   // within the block table and max_context, DCP local lengths): copies the metadata to the host and
   // SYNCHRONIZES. For debugging and tests; throws like run() does.
@@ -166,7 +184,7 @@ class PreparedMla {
   size_t checked_shape_index(const StepInputs& step, const char* caller) const;
   // Launches the three PDL-chained stages of prepared shape `shape_index` (launches only).
   void launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
-                   const std::array<cudaEvent_t, 4>* stage_events = nullptr) const;
+                   const std::array<cudaEvent_t, 4>* stage_events = nullptr, const StepStamps* stamps = nullptr) const;
   // Launches one DCP phase of prepared shape `shape_index`. `publish_to_peers` = false keeps the
   // query in this rank's own mailbox (prepare's warm-up writes into no peer's buffers).
   void launch_phase(DcpPhase phase, size_t shape_index, const StepInputs& step, cudaStream_t stream,

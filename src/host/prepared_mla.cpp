@@ -407,7 +407,7 @@ value::ValueParams value_params(const Weights& w, const PreparedShape& shape, co
 
 // Everything here is a launch: no allocation, no synchronization, so a CUDA graph can capture it.
 void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaStream_t stream,
-                              const std::array<cudaEvent_t, 4>* stage_events) const {
+                              const std::array<cudaEvent_t, 4>* stage_events, const StepStamps* stamps) const {
   auto mark = [&](int boundary) {
     if (stage_events != nullptr) MLA_CUDA_CHECK(cudaEventRecord((*stage_events)[boundary], stream));
   };
@@ -418,21 +418,25 @@ void PreparedMla::launch_step(size_t shape_index, const StepInputs& step, cudaSt
   const int heads = state.dims.num_heads;
 
   mark(0);
-  query::launch_query(kernels.query,
-                      query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
-                                 state.query_workspace(), state.cublas.get()),
-                      stream, /*pdl=*/true);
+  query::QueryArgs query = query_args(w, state.dims, shape, step, state.query_scratch.data, heads, /*head_offset=*/0,
+                                      state.query_workspace(), state.cublas.get());
+  if (stamps != nullptr && kernels.query.path == query::QueryPath::kFused) query.timeline = stamps->query;
+  query::launch_query(kernels.query, query, stream, /*pdl=*/true);
   mark(1);
 
-  core::launch_core(kernels.core,
-                    core_args(w, step, state.query_scratch.data, state.latent(), state.lse(),
-                              state.core_workspace(), state.counters()),
-                    stream);
+  core::CoreArgs core = core_args(w, step, state.query_scratch.data, state.latent(), state.lse(),
+                                  state.core_workspace(), state.counters());
+  if (stamps != nullptr) {
+    core.timeline = stamps->split;
+    core.combine_timeline = stamps->combine;
+  }
+  core::launch_core(kernels.core, core, stream);
   mark(2);
 
   value::ValueParams value = value_params(w, shape, step, heads);
   value.latent = static_cast<const __nv_bfloat16*>(state.latent());
   value.stride_latent_row = int64_t{heads} * kKvLoraRank;
+  if (stamps != nullptr) value.timeline = stamps->value;
   value::launch_value(value, kernels.value, stream, /*pdl=*/true);
   mark(3);
 }
@@ -639,6 +643,30 @@ void PreparedMla::run_profiled(const StepInputs& step, cudaStream_t stream,
                                const std::array<cudaEvent_t, 4>& stage_events) {
   require_no_group(state_->options, "run_profiled");
   launch_step(checked_shape_index(step, "run_profiled"), step, stream, &stage_events);
+}
+
+PreparedMla::StepCtas PreparedMla::timeline_ctas(int64_t rows, int q) const {
+  const PreparedShape& shape = this->shape(rows, q);
+  require_current_device(state_->device_index, "timeline_ctas");
+  state_->plan();
+  const ShapeKernels& kernels = state_->kernels[static_cast<size_t>(&shape - state_->shapes.data())];
+  auto ctas = [](const dim3& grid) { return static_cast<int>(grid.x * grid.y * grid.z); };
+  StepCtas counts;
+  counts.query = kernels.query.path == query::QueryPath::kFused ? ctas(kernels.query.grid) : 0;
+  counts.split = ctas(kernels.core.grid);
+  counts.combine = kernels.core.num_splits > 1 && !kernels.core.merge_in_split ? ctas(kernels.core.combine_grid) : 0;
+  counts.value = ctas(kernels.value.grid);
+  return counts;
+}
+
+void PreparedMla::run_timeline(const StepInputs& step, cudaStream_t stream, const StepStamps& stamps) {
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+  (void)step, (void)stream, (void)stamps;
+  throw Error("run_timeline: this build records no timeline (configure it with -DMLA_TIMELINE=ON)");
+#else
+  require_no_group(state_->options, "run_timeline");
+  launch_step(checked_shape_index(step, "run_timeline"), step, stream, /*stage_events=*/nullptr, &stamps);
+#endif
 }
 
 void PreparedMla::run_phase(DcpPhase phase, const StepInputs& step, cudaStream_t stream) {

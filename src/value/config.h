@@ -16,6 +16,7 @@
 
 #include <cuda_bf16.h>
 
+#include "common/timeline.h"
 #include "mla/dims.h"
 
 namespace mla::value {
@@ -118,5 +119,15 @@ struct MmaSharedPlan {
   alignas(16) __nv_bfloat16 gate_out[kMmaRowTile][Tile::kOutStride];               // gate logits, then out
 };
 static_assert(sizeof(MmaSharedPlan<kVHeadDim>) <= 113 * 1024, "two CTAs a SM (228 KB, 1 KB reserved per CTA)");
+
+// ---- Timeline marks (MLA_TIMELINE builds; common/timeline.cuh), both kernels ----------------------------------
+enum ValueMark : int {
+  kValueMarkStart,   // kernel entry
+  kValueMarkWaited,  // griddepcontrol.wait returned (the W_UV loads before it are issued)
+  kValueMarkEnd,     // the last store is issued: dependents are triggered next
+  kNumValueMarks
+};
+inline constexpr const char* kValueMarkNames[kNumValueMarks] = {"start", "waited", "end"};
+static_assert(kNumValueMarks <= timeline::kMaxMarks, "the timeline holds timeline::kMaxMarks marks a CTA");
 
 }  // namespace mla::value

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 
+#include "common/timeline.cuh"
 #include "value/config.h"
 #include "value/params.h"
 
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
   const int column_begin = column_slice * kColumnsPerCta + column_group * kColumnsPerThread;
 
   __shared__ SharedPlan smem;
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkStart);
 
   // ---- 2. This thread's 8 x 8 block of W_UV into registers. The weights do not depend on the
   // previous kernel, so this runs before the PDL wait, overlapping the producer's tail.
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
 
   // ---- 3. Wait for the core's latent, or under DCP every rank's partials (and everything before).
   cudaGridDependencySynchronize();
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkWaited);
 
   // ---- 4. Passes of 4 rows: partial dot products, reduced over the warp's 8 k slices by shuffles and
   // over the 8 warps through shared memory.
@@ -167,6 +170,7 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
   }
 
   // ---- 6. Only after this CTA's last store may the next kernel start reading.
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkEnd);
   cudaTriggerProgrammaticLaunchCompletion();
 }
 

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinCtasPerSm) value_mma_kerne
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
   MmaSharedPlan<kCols>& smem = *reinterpret_cast<MmaSharedPlan<kCols>*>(smem_raw);
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkStart);
   const __nv_bfloat16* w_cols = p.w_uv + static_cast<int64_t>(head) * kKvLoraRank * kVHeadDim + col_begin;
 
   // ---- 2. Prologue. The weights do not depend on the previous kernel: the W_UV chunks of the first
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinCtasPerSm) value_mma_kerne
 #pragma unroll
   for (int s = 0; s < kMmaStages - 1; ++s) load_w_chunk(smem, s, w_cols, s);
   cudaGridDependencySynchronize();
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkWaited);
   load_gate(smem, p, row_begin, head, col_begin);
 #pragma unroll
   for (int s = 0; s < kMmaStages - 1; ++s) {
@@ -228,6 +230,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinCtasPerSm) value_mma_kerne
   }
 
   // ---- 6. Only after this thread's last store may the next kernel start reading.
+  MLA_TIMELINE_MARK(p.timeline, kValueMarkEnd);  // thread 0's
   cudaTriggerProgrammaticLaunchCompletion();
 }
 

@@ -146,6 +146,12 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
                            std::to_string(plan.grid.z));
   }
 
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+  if (params.timeline != nullptr) {
+    throw_bad_argument("ValueParams.timeline", "null (this build has no timeline: -DMLA_TIMELINE=ON)", "a pointer");
+  }
+#endif
+
   cudaLaunchConfig_t config = {};
   config.gridDim = plan.grid;
   config.blockDim = plan.block;

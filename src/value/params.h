@@ -38,6 +38,8 @@ struct ValueParams {
   const float* partial_lse[kMaxPartials];            // [p]: rank p's core LSE (natural log), offset likewise:
                                                      // element (r, h) at r * stride_lse_row + h
   int64_t stride_lse_row;                            // elements between rows of each partial LSE (D*H)
+  // ---- Profiling only (MLA_TIMELINE builds; common/timeline.cuh) ----
+  uint64_t* timeline = nullptr;  // [grid CTAs, timeline::kMaxMarks] %globaltimer stamps (ValueMark), or null
 };
 
 }  // namespace mla::value

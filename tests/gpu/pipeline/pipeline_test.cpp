@@ -385,6 +385,15 @@ TEST(Pipeline, BadStepIsRejectedBeforeAnyLaunch) {
   StepInputs wrong = inputs;
   wrong.out.dtype = DType::kF32;
   EXPECT_THROW(mla.run(wrong, nullptr), Error);
+#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
+  // The per-CTA timeline exists only in builds configured for it (step_bench --timeline); elsewhere it says so.
+  try {
+    mla.run_timeline(inputs, nullptr, {});
+    ADD_FAILURE() << "run_timeline ran in a build without the timeline";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MLA_TIMELINE"), std::string::npos) << e.what();
+  }
+#endif
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> out = device_step.out.download();
   for (uint16_t v : out) ASSERT_EQ(v, 0xffff) << "out was written by a rejected step";
