@@ -251,7 +251,6 @@ double relative_l2(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
-
 // --timeline (an MLA_TIMELINE build): where one step's time goes, kernel by kernel. One CUDA graph of
 // kTimelineSteps steps over the replicas in turn, as the timed graphs run them, the last two through
 // PreparedMla::run_timeline; printed for the last: each kernel's first CTA start, its CTAs' PDL-wait returns
@@ -290,7 +289,8 @@ std::string step_timeline(const std::vector<std::unique_ptr<Replica>>& copies, c
     if (stamped < 0) {
       r.mla->run(r.inputs, stream);
     } else {
-      r.mla->run_timeline(r.inputs, stream, {buffer(stamped, 0), buffer(stamped, 1), buffer(stamped, 2), buffer(stamped, 3)});
+      r.mla->run_timeline(r.inputs, stream,
+                          {buffer(stamped, 0), buffer(stamped, 1), buffer(stamped, 2), buffer(stamped, 3)});
     }
   }
   MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
@@ -337,7 +337,8 @@ std::string step_timeline(const std::vector<std::unique_ptr<Replica>>& copies, c
   }
   for (int k = 0; k < int(kernels.size()); ++k) {
     if (kernels[k].ctas == 0) continue;
-    out += std::string("   ") + kernels[k].name + " phases (since the CTA's previous mark):\n" + phase_report(launch(1, k));
+    out += std::string("   ") + kernels[k].name + " phases (since the CTA's previous mark):\n";
+    out += phase_report(launch(1, k));
   }
   return out;
 }
@@ -377,8 +378,8 @@ int main(int argc, char** argv) {
       shapes.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] [--timeline] "
-                   "[--shape ROWSxCONTEXTxHxQ[v] ...] (rows a multiple of q, 1 <= q <= %d; v: varlen)\n",
+                   "step_bench: bad argument '%s'\nusage: step_bench [--csv FILE] [--quick] [--fused-only] "
+                   "[--timeline] [--shape ROWSxCONTEXTxHxQ[v] ...] (rows a multiple of q, 1 <= q <= %d; v: varlen)\n",
                    argv[i], kMaxQueries);
       return 2;
     }
