@@ -139,12 +139,14 @@ enum CoreMark : int {
 };
 inline constexpr const char* kCoreMarkNames[kNumCoreMarks] = {"start", "waited", "query", "first page", "pages", "end"};
 enum CombineMark : int {
-  kCombineMarkStart,   // kernel entry (after the L2 prefetch request)
-  kCombineMarkWaited,  // griddepcontrol.wait returned
-  kCombineMarkEnd,     // the merged rows are stored: dependents are triggered next
+  kCombineMarkStart,     // kernel entry
+  kCombineMarkMetadata,  // the work before the PDL wait: the request's length (the uniform deal bounds its first loads
+                         // by the nonempty splits, so it waits for it here) and the value weights' L2 prefetch request
+  kCombineMarkWaited,    // griddepcontrol.wait returned
+  kCombineMarkEnd,       // the merged rows are stored: dependents are triggered next
   kNumCombineMarks
 };
-inline constexpr const char* kCombineMarkNames[kNumCombineMarks] = {"start", "waited", "end"};
+inline constexpr const char* kCombineMarkNames[kNumCombineMarks] = {"start", "metadata", "waited", "end"};
 static_assert(kNumCoreMarks <= timeline::kMaxMarks && kNumCombineMarks <= timeline::kMaxMarks,
               "the timeline holds timeline::kMaxMarks marks a CTA");
 

@@ -1081,6 +1081,7 @@ template <int kSlots>
 __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float4 partial_sums[kCombineMaxWarps][32];
   __shared__ float2 warp_max_sum[kCombineMaxWarps];  // uniform deal: each warp's (running max, sum of weights)
+  MLA_TIMELINE_MARK(p.timeline, kCombineMarkStart);
   constexpr int kChunks = kKvLoraRank / kCombineDims;
   constexpr int kLoadsInFlight = kCombineLoadsInFlight;
   const int warp = threadIdx.x / 32;
@@ -1104,7 +1105,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
 
   // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
   detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);
-  MLA_TIMELINE_MARK(p.timeline, kCombineMarkStart);
+  MLA_TIMELINE_MARK(p.timeline, kCombineMarkMetadata);
   detail::griddep_wait();  // the partials come from the split kernel
   MLA_TIMELINE_MARK(p.timeline, kCombineMarkWaited);
 
