@@ -133,7 +133,7 @@ constexpr int kTimelineLaunches = 6;
 std::string core_timeline(const mla::core::CorePlan& plan, const std::function<mla::core::CoreArgs(int)>& core_args,
                           cudaStream_t stream) {
   const int split_ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
-  const bool combine = plan.num_splits > 1 && !plan.merge_in_split;
+  const bool combine = mla::core::launches_combine(plan);
   const int combine_ctas = combine ? int(plan.combine_grid.x * plan.combine_grid.y * plan.combine_grid.z) : 0;
   const size_t split_per_launch = size_t(split_ctas) * mla::timeline::kMaxMarks;
   const size_t combine_per_launch = size_t(combine_ctas) * mla::timeline::kMaxMarks;

@@ -26,7 +26,6 @@ struct SplitKernel {
 
 // Bounded dispatch on (variant, tile, ring depth, slot deal): a value outside the table is an error, never a fallback.
 // mma.sync: two CTAs per SM fit 2 stages; 3 and 4 stages run one CTA per SM. Ping-pong wgmma: one CTA per SM.
-
 // The ping-pong kernel of (tile, ring depth) for the slot deal kSlots (config.h).
 template <int kSlots>
 SplitKernel pp_kernel_for(int tile_rows, int stages) {
@@ -308,6 +307,8 @@ CorePlan plan_core(const CoreShape& shape) {
   return plan_for_kernel(shape, kKernelWgmmaPp);
 }
 
+bool launches_combine(const CorePlan& plan) { return merges(plan) && !plan.merge_in_split; }
+
 void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream, bool pdl) {
   const CoreShape& shape = plan.shape;
   const int64_t entries = shape.rows * shape.heads;
@@ -359,7 +360,7 @@ void launch_core(const CorePlan& plan, const CoreArgs& args, cudaStream_t stream
   launch_with_pdl(reinterpret_cast<const void*>(
                       split_kernel_for(plan.kernel, plan.tile_rows, plan.stages, slot_mode(plan)).fn),
                   plan.grid, dim3(threads_for(plan.kernel)), plan.smem_bytes, stream, split_args, pdl);
-  if (!merges(plan) || plan.merge_in_split) return;
+  if (!launches_combine(plan)) return;
 
   CombineParams combine;
   combine.partial_latent = params.partial_latent;

@@ -98,6 +98,9 @@ int combine_warps_per_entry(int num_splits);
 // on a bad shape.
 CorePlan plan_core(const CoreShape& shape);
 
+// Whether launch_core runs the combine kernel after the split kernel for this plan (its grid: combine_grid).
+bool launches_combine(const CorePlan& plan);
+
 // Device pointers and per-step values. All tensors contiguous unless a stride is given.
 struct CoreArgs {
   const void* query = nullptr;           // [rows, heads, 576] FP8 e4m3

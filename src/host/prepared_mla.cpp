@@ -654,7 +654,7 @@ PreparedMla::StepCtas PreparedMla::timeline_ctas(int64_t rows, int q) const {
   StepCtas counts;
   counts.query = kernels.query.path == query::QueryPath::kFused ? ctas(kernels.query.grid) : 0;
   counts.split = ctas(kernels.core.grid);
-  counts.combine = kernels.core.num_splits > 1 && !kernels.core.merge_in_split ? ctas(kernels.core.combine_grid) : 0;
+  counts.combine = core::launches_combine(kernels.core) ? ctas(kernels.core.combine_grid) : 0;
   counts.value = ctas(kernels.value.grid);
   return counts;
 }

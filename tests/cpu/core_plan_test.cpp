@@ -91,6 +91,23 @@ TEST(CorePlanSplits, OneRequestFillsTheWave) {
   }
 }
 
+// launches_combine: the combine kernel runs where the split kernel leaves partials it does not merge itself (what
+// PreparedMla::timeline_ctas and core_bench --timeline size its stamps by).
+TEST(CorePlanCombine, LaunchedWhereTheSplitKernelLeavesPartials) {
+  core::CorePlan plan;
+  plan.num_splits = 1;
+  EXPECT_FALSE(core::launches_combine(plan));  // one split writes the latent itself
+  plan.num_splits = 4;
+  EXPECT_TRUE(core::launches_combine(plan));
+  plan.merge_in_split = true;
+  EXPECT_FALSE(core::launches_combine(plan));
+  plan.num_splits = 1;
+  plan.flat_slots = true;  // a request's pages may span CTAs even at one split
+  EXPECT_FALSE(core::launches_combine(plan));
+  plan.merge_in_split = false;
+  EXPECT_TRUE(core::launches_combine(plan));
+}
+
 // combine_warps_per_entry: every split in one round of kCombineLoadsInFlight rows a warp, up to the cap.
 TEST(CorePlanCombine, WarpsTakeEverySplitInOneRound) {
   using core::combine_warps_per_entry;
