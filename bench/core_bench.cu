@@ -391,10 +391,7 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--l2-resident")) {
       l2_resident = known = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
-#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
-      std::fprintf(stderr, "core_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
-      return 2;
-#endif
+      if (!mla::bench::timeline_build("core_bench")) return 2;
       timeline = known = true;
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));

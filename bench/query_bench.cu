@@ -189,10 +189,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
-#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
-      std::fprintf(stderr, "query_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
-      return 2;
-#endif
+      if (!mla::bench::timeline_build("query_bench")) return 2;
       timeline = true;
     } else {
       std::printf(

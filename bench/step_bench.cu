@@ -361,10 +361,7 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--fused-only")) {
       fused_only = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
-#if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
-      std::fprintf(stderr, "step_bench --timeline needs a build configured with -DMLA_TIMELINE=ON\n");
-      return 2;
-#endif
+      if (!mla::bench::timeline_build("step_bench")) return 2;
       timeline = true;
     } else if (char varlen = 0, extra = 0;
                !std::strcmp(argv[i], "--shape") && i + 1 < argc &&

@@ -12,6 +12,17 @@
 
 namespace mla::bench {
 
+// A bench's --timeline flag: true in a build configured with -DMLA_TIMELINE=ON; elsewhere false, after saying so.
+inline bool timeline_build(const char* bench) {
+#if defined(MLA_TIMELINE) && MLA_TIMELINE
+  (void)bench;
+  return true;
+#else
+  std::fprintf(stderr, "%s --timeline needs a build configured with -DMLA_TIMELINE=ON\n", bench);
+  return false;
+#endif
+}
+
 // The stamps of one launch of one kernel: `ctas` CTAs, laid out [cta][timeline::kMaxMarks] (ns); marks[i] names mark i,
 // the last is the end. A stamp of 0 is a mark the CTA did not record (a phase it has not got).
 struct LaunchStamps {
