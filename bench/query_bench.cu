@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -185,20 +186,37 @@ float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
 int main(int argc, char** argv) {
   bool sweep = false, timeline = false;
   std::vector<int> heads = {12, 16, 64, 96, 128}, row_counts = {1, 4, 16, 64, 256};
+  std::vector<int> chosen_heads, chosen_rows;  // --heads / --rows: these only (e.g. one shape under ncu)
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--sweep")) {
+    const bool has_value = i + 1 < argc;
+    if ((!std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--rows")) && has_value) {
+      char* end = nullptr;
+      const long value = std::strtol(argv[i + 1], &end, 10);
+      const bool heads_flag = argv[i][2] == 'h';
+      const long most = heads_flag ? mla::kMaxHeads : 512;
+      if (*end != '\0' || value < 1 || value > most) {
+        std::fprintf(stderr, "query_bench: %s expects an integer in [1, %ld], got '%s'\n", argv[i], most, argv[i + 1]);
+        return 2;
+      }
+      (heads_flag ? chosen_heads : chosen_rows).push_back(int(value));
+      ++i;
+    } else if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
       if (!mla::bench::timeline_build("query_bench")) return 2;
       timeline = true;
     } else {
       std::printf(
-          "usage: query_bench [--sweep] [--timeline]\n"
+          "usage: query_bench [--heads H]... [--rows R]... [--sweep] [--timeline]\n"
+          "  --heads H   only H heads (repeatable; default 12 16 64 96 128)\n"
+          "  --rows R    only R rows (repeatable; default 1 4 16 64 256)\n"
           "  --sweep     also time every fused cluster size and row tile, and the GEMM path, per shape\n"
           "  --timeline  per-CTA phase times of the fused kernel after each of its lines (an -DMLA_TIMELINE=ON build)\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
+  if (!chosen_heads.empty()) heads = chosen_heads;
+  if (!chosen_rows.empty()) row_counts = chosen_rows;
   cudaStream_t stream;
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t cublas;
