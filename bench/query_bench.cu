@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
     if ((!std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--rows")) && has_value) {
       char* end = nullptr;
       const long value = std::strtol(argv[i + 1], &end, 10);
-      const bool heads_flag = argv[i][2] == 'h';
+      const bool heads_flag = !std::strcmp(argv[i], "--heads");
       const long most = heads_flag ? mla::kMaxHeads : 512;
       if (*end != '\0' || value < 1 || value > most) {
         std::fprintf(stderr, "query_bench: %s expects an integer in [1, %ld], got '%s'\n", argv[i], most, argv[i + 1]);

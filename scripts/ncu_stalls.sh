@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where one kernel's warps wait, instruction by instruction: Nsight Compute's warp-state sampling of the first launch
-# of KERNEL (a regex on its mangled name) in COMMAND, printed as the TOP instructions by stall samples with their SASS
+# of KERNEL (a regex on its function name) in COMMAND, printed as the TOP instructions by stall samples with their SASS
 # and the kernel's duration, memory throughput and stall breakdown. For a device call (scripts/device_plan.sh `run`
 # line); ncu flushes the caches before the launch and locks the clocks at base, so times are longer than a bench's.
 #   scripts/ncu_stalls.sh KERNEL OUTDIR COMMAND...
@@ -17,13 +17,15 @@ ncu --set full --import-source no -k "regex:$kernel" -c 1 -f -o "$outdir/report"
 ncu -i "$outdir/report.ncu-rep" --page details >"$outdir/details.txt"
 ncu -i "$outdir/report.ncu-rep" --page source --print-source sass --csv >"$outdir/source.csv"
 grep -E "^  [a-z_]|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Registers Per|Dynamic Shared|Grid Size|Cluster Size" \
-  "$outdir/details.txt" | head -20
+  "$outdir/details.txt" | head -20 || true
 python3 - "$outdir/source.csv" "${TOP:-30}" <<'EOF'
 import csv, sys
 path, top = sys.argv[1], int(sys.argv[2])
 rows = list(csv.reader(open(path, newline='')))
 # The header row is the one naming the sampling columns; ncu may print a kernel-name line before it.
-head_at = next(i for i, r in enumerate(rows) if any('Warp Stall Sampling' in c for c in r))
+head_at = next((i for i, r in enumerate(rows) if any('Warp Stall Sampling' in c for c in r)), None)
+if head_at is None:
+    sys.exit(f"ncu_stalls: no 'Warp Stall Sampling' column in {path}; its first rows: {rows[:2]}")
 head, body = rows[head_at], [r for r in rows[head_at + 1:] if len(r) == len(rows[head_at])]
 def col(*names):
     for n in names:
