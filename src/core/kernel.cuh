@@ -646,8 +646,11 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       const int idx = threadIdx.x + i * kNumThreads;
       const int row = m_tile * kBlockM + idx / (kKeyDim / 16);
       v[i] = make_uint4(0u, 0u, 0u, 0u);
+      // NOTE: plain loads, not __ldg: ptxas hoisted these non-coherent loads above the PDL wait (ACQBULK) in the
+      // uniform-deal instances, so the tile was read before the query kernel's grid had completed (cuobjdump -sass,
+      // 2026-12-06). A plain load stays after the wait; tests/sass/kernel_sass.py fails if one does not.
       if (idx < kItems && row < rows_m) {
-        v[i] = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % (kKeyDim / 16)) * 16));
+        v[i] = *reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % (kKeyDim / 16)) * 16);
       }
     }
     const int first_issue = g0 == 0 ? 1 : kStages;

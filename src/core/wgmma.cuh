@@ -163,8 +163,11 @@ __device__ __forceinline__ void load_query_tile(__half (&q)[kKeyDim / kSw128Halv
       const int idx = base + threadIdx.x + i * kThreads;
       const int row = tile_row0 + idx / kChunksPerRow;
       v[i] = make_uint4(0u, 0u, 0u, 0u);
+      // NOTE: plain loads, not __ldg: ptxas hoisted these non-coherent loads above the PDL wait (ACQBULK) in the
+      // uniform-deal instances, so the tile was read before the query kernel's grid had completed (cuobjdump -sass,
+      // 2026-12-06). A plain load stays after the wait; tests/sass/kernel_sass.py fails if one does not.
       if (idx < kItems && row < rows_m) {
-        v[i] = __ldg(reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % kChunksPerRow) * 16));
+        v[i] = *reinterpret_cast<const uint4*>(p.query + (entry0 + row) * kKeyDim + (idx % kChunksPerRow) * 16);
       }
     }
 #pragma unroll

@@ -8,6 +8,10 @@
    `ACQBULK`) above them, and it did (value_kernel's W_UV `__ldg` loads, found 2026-12-05: the wait became
    the kernel's 7th instruction). Checked per kernel family: a minimum count of global loads (LDG, LDGSTS)
    before the first ACQBULK.
+   And no non-coherent global load (LDG...CONSTANT: ld.global.nc, __ldg) comes before the wait in a family whose
+   pre-wait loads are all plain by design (NC_BEFORE_WAIT_ALLOWED false): ptxas may also move such loads *above*
+   the wait, and it did (the core's query-tile `__ldg`, found 2026-12-06: the uniform-deal split kernels read the
+   query before the query kernel's grid was complete).
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
    LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
    in a benchmark; and every kernel listed there is built and does touch it (no stale excuses).
@@ -23,13 +27,15 @@ import sys
 # are. The counts are static SASS instructions (a predicated or unrolled load counts once per instruction): the
 # designed loads where they are few (core, value_kernel), a floor well under today's count where they are many
 # (the query kernels issue 18-27): the failure this guards against is the wait moving above them all.
+# The last field: whether non-coherent loads may precede the wait (the query kernel streams its weights with
+# ld.global.nc before it; every other family reads only plain host-written data there).
 RULES = [
-    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split)"),
-    (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)"),
-    (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)"),
-    (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)"),
-    (r"value_mma_kernel", 2, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)"),
-    (r"fused_query_kernel", 12, "the W_UK slice's cp.async and the q_a_norm weights (src/query/kernel.cuh)"),
+    (r"core_split_kernel", 2, "lengths and totals (src/core/kernel.cuh, cta_split)", False),
+    (r"core_wgmma_pp_kernel", 2, "lengths and totals (kernel_wgmma_pp.cuh)", False),
+    (r"core_combine_kernel", 1, "lengths (src/core/kernel.cuh, combine)", False),
+    (r"value_kernel", 8, "the thread's eight W_UV rows (src/value/kernel.cuh)", False),
+    (r"value_mma_kernel", 2, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)", False),
+    (r"fused_query_kernel", 12, "the W_UK slice's cp.async and the q_a_norm weights (src/query/kernel.cuh)", True),
 ]
 # Kernels (demangled, exact) that use local memory today, and why that is accepted.
 LOCAL_MEMORY_ALLOWED = {
@@ -113,6 +119,11 @@ def main():
                 print(line)
                 if before < rule[1]:
                     failures.append("loads after the PDL wait: " + line)
+                nc_before = [ins for ins, op in zip(body[:wait], ops[:wait]) if LOAD.match(op) and ".CONSTANT" in op]
+                if nc_before and not rule[3]:
+                    failures.append(f"{readable[name]}: {len(nc_before)} non-coherent loads before the PDL wait "
+                                    f"(ptxas hoisted an ld.global.nc / __ldg of the producer's data?), the first: "
+                                    f"{nc_before[0]}")
         # 2. Local memory.
         local = sum(1 for op in ops if op.startswith(("STL", "LDL")))
         if local:
