@@ -18,6 +18,7 @@
 
 #include "core/launch.h"
 #include "gpu_test_util.h"
+#include "query/testing.h"
 #include "mla/dims.h"
 #include "reference.h"
 
@@ -40,6 +41,9 @@ struct CoreCase {
   int64_t page_pad_bytes = 0;    // page stride = 64*576 + this
   double logit_std = 2.0;        // spread of the natural-log logits
   int64_t max_context = int64_t{1} << 17;
+  // The checked launch's query comes from a PDL producer that lets its dependents start at once and writes the query
+  // ~20 µs later (query::launch_delayed_copy): a split kernel that reads it before its PDL wait sees NaN bytes.
+  bool late_query_producer = false;
   uint64_t seed = 1;
 };
 
@@ -134,6 +138,8 @@ TEST_P(CoreTest, MatchesReference) {
   test::DeviceBuffer<uint16_t> d_latent(rows * heads * kKvLoraRank);
   test::DeviceBuffer<float> d_lse(rows * heads);
   d_query.upload(query);
+  test::DeviceBuffer<uint8_t> d_query_source(spec.late_query_producer ? query.size() : 1);
+  if (spec.late_query_producer) d_query_source.upload(query);
   d_cache.upload(cache);
   d_table.upload(block_table);
   if (num_requests > 0) {
@@ -206,7 +212,18 @@ TEST_P(CoreTest, MatchesReference) {
       // nothing.
       args.l2_prefetch = launch == 1 ? d_query.get() : nullptr;
       args.l2_prefetch_bytes = launch == 1 ? rows * heads * int64_t{kKeyDim} : 0;
-      core::launch_core(plan, args, nullptr);
+      if (spec.late_query_producer && launch == 1) {
+        d_query.poison(0x7f);  // e4m3 NaN until the producer's copy lands
+        MLA_CUDA_CHECK(cudaDeviceSynchronize());  // the memset runs on the legacy stream, ours does not wait
+        cudaStream_t stream;
+        MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        query::launch_delayed_copy(d_query.get(), d_query_source.get(), query.size(), 20000, stream);
+        core::launch_core(plan, args, stream);
+        MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        MLA_CUDA_CHECK(cudaStreamDestroy(stream));
+      } else {
+        core::launch_core(plan, args, nullptr);
+      }
       MLA_CUDA_CHECK(cudaDeviceSynchronize());
     }
     const CoreOutputs got{d_latent.download(), d_lse.download(), plan.num_splits};
@@ -363,6 +380,16 @@ std::vector<CoreCase> cases() {
     for (int b = 0; b < 23; ++b) lengths.push_back(b % 7 == 3 ? 0 : b % 5 == 1 ? 64 * (b % 4) + 1 : (b * 1733) % 3000);
     v.push_back(with(make("h12_q4_23_requests_flat", 12, 4, lengths), 3, 2));
     v.push_back(with(make("h16_q1_23_requests_flat", 16, 1, lengths), 2, 1));  // the mma.sync kernel's
+  }
+  {
+    // The query from a late PDL producer: one request (the uniform deal, whose split kernels' query loads ptxas once
+    // hoisted above the PDL wait) and a batch (flat slots), every kernel variant of each.
+    CoreCase one = make("h16_q1_late_query_producer", 16, 1, {4097});
+    one.late_query_producer = true;
+    v.push_back(one);
+    CoreCase batch = make("h64_q2_late_query_producer", 64, 2, {3000, 65, 1});
+    batch.late_query_producer = true;
+    v.push_back(batch);
   }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;
