@@ -27,16 +27,11 @@ head_at = next((i for i, r in enumerate(rows) if any('Warp Stall Sampling' in c 
 if head_at is None:
     sys.exit(f"ncu_stalls: no 'Warp Stall Sampling' column in {path}; its first rows: {rows[:2]}")
 head, body = rows[head_at], [r for r in rows[head_at + 1:] if len(r) == len(rows[head_at])]
-def col(*names):
-    for n in names:
-        for i, c in enumerate(head):
-            if c.strip() == n:
-                return i
-    return None
+def col(name):
+    return next((i for i, c in enumerate(head) if c.strip() == name), None)
 src = col('Source')
 addr = col('Address')
 allc = col('Warp Stall Sampling (All Samples)')
-notc = col('Warp Stall Sampling (Not-issued Samples)')
 def num(s):
     try:
         return float(s.replace(',', ''))

@@ -9,7 +9,7 @@
    the kernel's 7th instruction). Checked per kernel family: a minimum count of global loads (LDG, LDGSTS)
    before the first ACQBULK.
    And no non-coherent global load (LDG...CONSTANT: ld.global.nc, __ldg) comes before the wait in a family whose
-   pre-wait loads are all plain by design (NC_BEFORE_WAIT_ALLOWED false): ptxas may also move such loads *above*
+   pre-wait loads are all plain by design (RULES' last field false): ptxas may also move such loads *above*
    the wait, and it did (the core's query-tile `__ldg`, found 2026-12-06: the uniform-deal split kernels read the
    query before the query kernel's grid was complete).
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
