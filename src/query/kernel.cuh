@@ -35,8 +35,14 @@
 namespace mla::query {
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// NOTE: a release arrive is MEMBAR.ALL.GPU + UCGABAR_ARV in SASS: it waits until every earlier global store of the
+// thread is performed at GPU scope (a round trip to L2). Only the partial tiles' hand-over needs it; the arrive that
+// only says "done reading the peers" is relaxed.
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -312,10 +318,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     }
   }
 
-  // Phase 4: every partial tile of the cluster is written and visible (release/acquire).
+  // Phase 4: every partial tile of the cluster is written and visible (release/acquire; a CTA barrier where the
+  // cluster is this CTA alone).
   MLA_TIMELINE_MARK(p.timeline, kMarkPartials);
-  cluster_arrive_release();
-  cluster_wait_acquire();
+  if constexpr (kCluster > 1) {
+    cluster_arrive_release();
+    cluster_wait_acquire();
+  } else {
+    __syncthreads();
+  }
   MLA_TIMELINE_MARK(p.timeline, kMarkClusterSynced);
   {
     namespace cg = cooperative_groups;
@@ -332,6 +343,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     // traffic (H=12 rows=1: 8.0 -> 6.7 µs). Rows past the batch stay unset in s_q; their mma outputs
     // (one n column each) are never stored.
     const int num_vec = rows_here * vec_per_row;
+    // Item i is float4 group f / 4 of tile row rr. vec_per_row is 32 or 48: two divisions by constants (a shift, a
+    // multiply-high) and a select, not the ~20-instruction runtime division in front of the peer loads.
+    auto item_row = [vec_per_row](int i) {
+      return int(vec_per_row == kNopeDim / 4 ? unsigned(i) / unsigned(kNopeDim / 4) : unsigned(i) / unsigned(kQkHeadDim / 4));
+    };
     constexpr int kBatch = 2;
     for (int base = threadIdx.x; base < num_vec; base += kBatch * kFusedThreads) {
       float4 v[kBatch][kCluster];
@@ -339,7 +355,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       for (int u = 0; u < kBatch; ++u) {
         const int i = base + u * kFusedThreads;
         if (i >= num_vec) continue;
-        const int rr = i / vec_per_row, f = (i % vec_per_row) * 4;
+        const int rr = item_row(i), f = (i - rr * vec_per_row) * 4;
 #pragma unroll
         for (int r = 0; r < kCluster; ++r) v[u][r] = *reinterpret_cast<const float4*>(parts[r] + rr * kPartialStride + f);
       }
@@ -347,7 +363,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
       for (int u = 0; u < kBatch; ++u) {
         const int i = base + u * kFusedThreads;
         if (i >= num_vec) continue;
-        const int rr = i / vec_per_row, f = (i % vec_per_row) * 4;
+        const int rr = item_row(i), f = (i - rr * vec_per_row) * 4;
         float4 s = v[u][0];
 #pragma unroll
         for (int r = 1; r < kCluster; ++r) {
@@ -374,7 +390,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
   cp_async_wait_all();
   __syncthreads();           // s_q and s_w complete
   MLA_TIMELINE_MARK(p.timeline, kMarkSummed);
-  cluster_arrive_release();  // this CTA has read its peers' partials; matched by the wait at the end
+  // This CTA has read its peers' partials (matched by the wait at the end, before a peer may exit). Relaxed: every
+  // one of those loads has returned (its value is in s_q, behind the barrier above), and a release would first wait
+  // for this thread's global stores (rank 0's rope bytes) to reach L2.
+  if constexpr (kCluster > 1) cluster_arrive_relaxed();
 
   // Phase 5: ql = q_nope . W_UK_T[h][:, col0 : col0 + cols_here] over (16-column m-tile, 8-row n-tile)
   // pairs: M = columns (A through ldmatrix.trans), N = rows, K = 128; e4m3 into s_out.
@@ -410,7 +429,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
 
   // Phase 6: no peer reads this CTA's shared memory any more (it may exit), and every store of this
   // CTA is issued: let the dependents launch.
-  cluster_wait_acquire();
+  if constexpr (kCluster > 1) cluster_wait_acquire();
   MLA_TIMELINE_MARK(p.timeline, kMarkEnd);
   trigger_dependents();
 }
