@@ -22,13 +22,13 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& packed, float (&out
   }
 }
 
-// A row is exactly zero when its request has no tokens (globally, under DCP) or is graph padding.
-__device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) {
+// The tokens of row's request (globally, under DCP), 0 for graph padding: a row is exactly zero where this is <= 0.
+__device__ __forceinline__ int row_tokens(const ValueParams& p, int row) {
   const int request = row / p.q;
-  if (request >= p.num_requests) return true;
-  const int tokens = p.totals != nullptr ? p.totals[request] : p.lengths[request];
-  return tokens <= 0;
+  if (request >= p.num_requests) return 0;
+  return p.totals != nullptr ? p.totals[request] : p.lengths[request];
 }
+__device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) { return row_tokens(p, row) <= 0; }
 
 // This thread's 8 latent elements [k_begin, k_begin + 8) of (row, head), merged in fp32 from the D
 // partials: weights exp(lse_p - max) / sum, the same as exp(lse_p - lse). NOTE: a weight of exactly 0
@@ -108,16 +108,33 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
   for (int pass_begin = row_begin; pass_begin < row_end; pass_begin += kRowsPerPass) {
     // The epilogue's inputs for this thread's (row, column) of step 5, asked for before the latent so that their round
     // trips overlap its loads instead of following the reduction: the gate logit and the row's token count.
+    // NOTE: the count is compared only in the epilogue. Compared here (is_zero_row), ptxas waited for its load right
+    // there, before issuing the latent's: two round trips in series after the PDL wait (cuobjdump -sass, 2026-12-06).
     const int epilogue_row = pass_begin + static_cast<int>(threadIdx.x) / kColumnsPerCta;
     const int out_column = head * kVHeadDim + column_slice * kColumnsPerCta + threadIdx.x % kColumnsPerCta;
     const bool stores = threadIdx.x < kRowsPerPass * kColumnsPerCta && epilogue_row < row_end;
-    bool zero_row = true;
-    float gate = 0.0f;
+    int tokens = 0;
+    __nv_bfloat16 gate_bf16 = __float2bfloat16_rn(0.0f);
     if (stores) {
-      zero_row = is_zero_row(p, epilogue_row);
-      gate = __bfloat162float(p.projected[epilogue_row * p.stride_projected_row + kProjectedGateOffset + out_column]);
+      tokens = row_tokens(p, epilogue_row);
+      gate_bf16 = p.projected[epilogue_row * p.stride_projected_row + kProjectedGateOffset + out_column];
     }
 
+    // Every row's latent slice is asked for before the first row's products: one round trip for the pass, where a
+    // load in front of each row's products put the rows' round trips in series. Not in the packed-slice kernel (one
+    // row by plan): within its 80 registers the four slices spilled.
+    constexpr bool kLatentAhead = !kMergeDcp && !kPackedSlice;
+    uint4 latent_packed[kLatentAhead ? kRowsPerPass : 1];
+    if constexpr (kLatentAhead) {
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerPass; ++rr) {
+        const int row = pass_begin + rr;
+        if (row < row_end) {
+          latent_packed[rr] = *reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
+                                                              head * kKvLoraRank + k_begin);
+        }
+      }
+    }
     float acc[kRowsPerPass][kColumnsPerThread] = {};
 #pragma unroll
     for (int rr = 0; rr < kRowsPerPass; ++rr) {
@@ -126,6 +143,8 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
       float latent[kKPerThread];
       if constexpr (kMergeDcp) {
         merged_latent(p, row, head, k_begin, latent);
+      } else if constexpr (kLatentAhead) {
+        bf16x8_to_float(latent_packed[rr], latent);
       } else {
         const uint4 packed = *reinterpret_cast<const uint4*>(p.latent + row * p.stride_latent_row +
                                                              head * kKvLoraRank + k_begin);
@@ -158,11 +177,11 @@ __global__ void __launch_bounds__(kThreads, kPackedSlice ? kPackedCtasPerSm : kU
       const int rr = threadIdx.x / kColumnsPerCta;
       const int column = threadIdx.x % kColumnsPerCta;
       float result = 0.0f;
-      if (!zero_row) {
+      if (tokens > 0) {
         float v = 0.0f;
 #pragma unroll
         for (int w_idx = 0; w_idx < kWarps; ++w_idx) v += smem.partial[rr][w_idx][column];
-        result = v / (1.0f + expf(-gate));
+        result = v / (1.0f + expf(-__bfloat162float(gate_bf16)));
       }
       p.out[static_cast<int64_t>(epilogue_row) * p.num_heads * kVHeadDim + out_column] = __float2bfloat16_rn(result);
     }
