@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_query_kernel(const __g
     // Item i is float4 group f / 4 of tile row rr. vec_per_row is 32 or 48: two divisions by constants (a shift, a
     // multiply-high) and a select, not the ~20-instruction runtime division in front of the peer loads.
     auto item_row = [vec_per_row](int i) {
-      return int(vec_per_row == kNopeDim / 4 ? unsigned(i) / unsigned(kNopeDim / 4) : unsigned(i) / unsigned(kQkHeadDim / 4));
+      constexpr unsigned kNopeVecs = kNopeDim / 4, kHeadVecs = kQkHeadDim / 4;
+      return int(vec_per_row == int(kNopeVecs) ? unsigned(i) / kNopeVecs : unsigned(i) / kHeadVecs);
     };
     constexpr int kBatch = 2;
     for (int base = threadIdx.x; base < num_vec; base += kBatch * kFusedThreads) {
