@@ -12,6 +12,11 @@
    pre-wait loads are all plain by design (RULES' last field false): ptxas may also move such loads *above*
    the wait, and it did (the core's query-tile `__ldg`, found 2026-12-06: the uniform-deal split kernels read the
    query before the query kernel's grid was complete).
+   And in the kernels of PREWAIT_NO_LOAD_USE no instruction before the wait reads a register that a load before it
+   wrote: such an instruction holds the warp until the load lands, before the wait, so that the round trip no
+   longer overlaps the producer (found 2026-12-07 in the query kernel: ptxas copied its 16 prefetched registers
+   into its projection loop's registers right after their loads, ~60 MOVs at C = 1-4; the query family joins the
+   list with its fix, bench/results/patches/query-prefetch-nomov.patch).
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
    LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
    in a benchmark; and every kernel listed there is built and does touch it (no stale excuses).
@@ -37,6 +42,10 @@ RULES = [
     (r"value_mma_kernel", 2, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)", False),
     (r"fused_query_kernel", 12, "the W_UK slice's cp.async and the q_a_norm weights (src/query/kernel.cuh)", True),
 ]
+# Kernels (regex on the demangled name) whose code before the PDL wait never waits for a load issued there (part 1),
+# and the exceptions (demangled, exact) with the reason.
+PREWAIT_NO_LOAD_USE = [r"mla::value::value_kernel<", r"mla::value::value_mma_kernel<"]
+PREWAIT_LOAD_USE_ALLOWED = {}
 # Kernels (demangled, exact) that use local memory today, and why that is accepted.
 LOCAL_MEMORY_ALLOWED = {
     "void mla::core::core_wgmma_pp_kernel<64, 3, 0>(mla::core::CoreParams)":
@@ -79,6 +88,34 @@ def opcode(instruction):
     return words[1] if words[0].startswith("@") else words[0]
 
 
+REGISTER = re.compile(r"^R(\d+)$")
+# Opcodes whose first operand is read, not written (stores, reductions, barriers, branches, async copies).
+NO_DESTINATION = re.compile(r"^(ST|RED|BAR|BRA|BSYNC|BSSY|WARPSYNC|LDGSTS|ACQBULK|EXIT|RET|CALL|DEPBAR|MEMBAR|ERRBAR)")
+
+
+def load_uses_before_wait(body, ops, wait):
+    """Instructions before the wait that read a register a load before the wait wrote (and nothing rewrote)."""
+    loaded, uses = set(), []
+    for ins, op in zip(body[:wait], ops[:wait]):
+        skip = 2 if ins.startswith("@") else 1  # the predicate and the opcode
+        words = ins.split(None, skip)
+        operands = [o.strip() for o in re.split(r"[,\[\]]", words[-1])] if len(words) > skip else []
+        regs = [int(m.group(1)) for o in operands for m in [REGISTER.match(o.split(".")[0].lstrip("-|!~"))] if m]
+        has_destination = bool(operands) and not NO_DESTINATION.match(op) and REGISTER.match(operands[0])
+        sources = regs[1:] if has_destination else regs
+        if any(r in loaded for r in sources):
+            uses.append(ins)
+        if has_destination:
+            dest = int(REGISTER.match(operands[0]).group(1))
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            written = set(range(dest, dest + width))
+            if LOAD.match(op):
+                loaded |= written
+            elif not ins.startswith("@"):
+                loaded -= written
+    return uses
+
+
 def demangle(names):
     out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
     return dict(zip(names, out.splitlines()))
@@ -102,7 +139,7 @@ def main():
         print("FAILED: no kernel in " + " ".join(libraries))
         return 1
     readable = demangle([name for name, _ in all_kernels])
-    failures, waits_checked, local_users = [], 0, set()
+    failures, waits_checked, local_users, allowed_users = [], 0, set(), set()
     for name, body in all_kernels:
         ops = [opcode(ins) for ins in body]
         # 1. Loads before the PDL wait.
@@ -124,6 +161,18 @@ def main():
                     failures.append(f"{readable[name]}: {len(nc_before)} non-coherent loads before the PDL wait "
                                     f"(ptxas hoisted an ld.global.nc / __ldg of the producer's data?), the first: "
                                     f"{nc_before[0]}")
+                if any(re.search(pattern, readable[name]) for pattern in PREWAIT_NO_LOAD_USE):
+                    uses = load_uses_before_wait(body, ops, wait)
+                    allowed = PREWAIT_LOAD_USE_ALLOWED.get(readable[name])
+                    if allowed is not None:
+                        allowed_users.add(readable[name])
+                    if uses and allowed is None:
+                        failures.append(f"{readable[name]}: {len(uses)} instructions before the PDL wait wait for "
+                                        f"a load issued before it (the first: {uses[0]}): the round trip no longer "
+                                        f"overlaps the producer")
+                    elif not uses and allowed is not None:
+                        failures.append(f"PREWAIT_LOAD_USE_ALLOWED lists {readable[name]}, which waits for no load "
+                                        f"before the wait now (remove it)")
         # 2. Local memory.
         local = sum(1 for op in ops if op.startswith(("STL", "LDL")))
         if local:
@@ -136,6 +185,9 @@ def main():
     # 3. The list itself: an entry whose kernel is gone or no longer touches local memory is stale (its reason
     #    would excuse a later spill unseen).
     built = set(readable.values())
+    for listed in PREWAIT_LOAD_USE_ALLOWED:
+        if listed not in built:
+            failures.append(f"PREWAIT_LOAD_USE_ALLOWED lists {listed}, which is not built (renamed? remove it)")
     for listed in LOCAL_MEMORY_ALLOWED:
         if listed not in built:
             failures.append(f"LOCAL_MEMORY_ALLOWED lists {listed}, which is not built (renamed? remove it)")
