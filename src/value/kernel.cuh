@@ -31,28 +31,49 @@ __device__ __forceinline__ int row_tokens(const ValueParams& p, int row) {
 __device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) { return row_tokens(p, row) <= 0; }
 
 // This thread's 8 latent elements [k_begin, k_begin + 8) of (row, head), merged in fp32 from the D
-// partials: weights exp(lse_p - max) / sum, the same as exp(lse_p - lse). NOTE: a weight of exactly 0
-// (an empty shard, lse_p = -inf) skips the partial's load, so nothing it holds can reach the sum; all
-// empty (max = -inf) gives 0 without any exp(-inf - -inf).
+// partials: weights exp(lse_p - max) / sum, the same as exp(lse_p - lse). NOTE: a partial of weight exactly 0
+// (an empty shard, lse_p = -inf) adds nothing, whatever it holds (a select, not a product); all empty
+// (max = -inf) gives 0 without any exp(-inf - -inf).
+// NOTE: every LSE is asked for at once, then the latents kMergeBatch partials at a time, all before the first is
+// weighed: in runtime-length loops, with the latent's load behind the weight's test, ptxas put one round trip a
+// partial in series (a peer GPU's memory under DCP), D of them after the PDL wait. The sums keep the partials' order.
 __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int head, int k_begin,
                                               float (&latent)[kKPerThread]) {
+  constexpr int kMergeBatch = 2;  // latents in flight: 4 registers each (4 of them spilled at the kernel's 128)
+  static_assert(kMaxPartials % kMergeBatch == 0, "batches tile the partials");
 #pragma unroll
   for (int i = 0; i < kKPerThread; ++i) latent[i] = 0.0f;
   const int64_t lse_index = static_cast<int64_t>(row) * p.stride_lse_row + head;
+  float lse[kMaxPartials];
   float lse_max = -INFINITY;
-  for (int r = 0; r < p.num_partials; ++r) lse_max = fmaxf(lse_max, p.partial_lse[r][lse_index]);
+#pragma unroll
+  for (int r = 0; r < kMaxPartials; ++r) {
+    lse[r] = r < p.num_partials ? p.partial_lse[r][lse_index] : -INFINITY;
+    lse_max = fmaxf(lse_max, lse[r]);
+  }
   if (lse_max == -INFINITY) return;
   const int64_t latent_index = static_cast<int64_t>(row) * p.stride_latent_row + head * kKvLoraRank + k_begin;
   float weight_sum = 0.0f;
-  for (int r = 0; r < p.num_partials; ++r) {
-    const float weight = expf(p.partial_lse[r][lse_index] - lse_max);
-    if (weight == 0.0f) continue;
-    weight_sum += weight;
-    float partial[kKPerThread];
-    const uint4 packed = *reinterpret_cast<const uint4*>(p.partial_latent[r] + latent_index);
-    bf16x8_to_float(packed, partial);
 #pragma unroll
-    for (int i = 0; i < kKPerThread; ++i) latent[i] = fmaf(weight, partial[i], latent[i]);
+  for (int r0 = 0; r0 < kMaxPartials; r0 += kMergeBatch) {
+    if (r0 >= p.num_partials) break;
+    uint4 packed[kMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const int r = r0 + u;
+      packed[u] = r < p.num_partials ? *reinterpret_cast<const uint4*>(p.partial_latent[r] + latent_index)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const float weight = expf(lse[r0 + u] - lse_max);  // -inf (empty, or past D): 0
+      if (weight == 0.0f) continue;
+      weight_sum += weight;
+      float partial[kKPerThread];
+      bf16x8_to_float(packed[u], partial);
+#pragma unroll
+      for (int i = 0; i < kKPerThread; ++i) latent[i] = fmaf(weight, partial[i], latent[i]);
+    }
   }
   const float inv_sum = 1.0f / weight_sum;  // >= 1: the largest partial has weight exp(0)
 #pragma unroll
