@@ -54,6 +54,11 @@ struct SharedPlan {
 // 96 full-width CTAs (H 96 x 32 rows: 9.6 vs 11.3 µs; H 96 x 64 a tie), the full-width one from 128
 // (H 128 x 1 row: 8.8 vs 10.9 µs; H 96 x 128 rows: 16.6 vs 20.8).
 inline constexpr int kTensorCoreMinRowHeads = 48;
+// Up to one pass of rows (kRowsPerPass) the CUDA-core kernel also wins where its 4 x H CTAs fit one wave of 132 SMs:
+// once it issued a pass's latent loads together (value-lengths-late), H = 12 x 4 rows took 3.41 µs against the split
+// tensor-core kernel's 4.29 (H100, bench/results/value.md, 2026-12-06 ~23:45 UTC); from 16 rows (4 passes) it is 8.2
+// against 4.9.
+inline constexpr int kCudaCoreMaxHeadsOnePass = 32;
 // One row up to this many heads also takes the CUDA-core kernel: its W_UV loads all go out before the PDL wait (one
 // round trip), and PreparedMla has asked L2 for W_UV during the core's merge up to this size (8 MB), where the
 // tensor-core kernels' chunk pipeline still takes ~7 µs at H = 96 with W_UV in L2 (value_bench --l2-warm).

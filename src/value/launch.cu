@@ -66,6 +66,7 @@ ValueKernel choose_value_kernel(int rows, int num_heads, int num_partials) {
   // NOTE: the DCP merge is never given to the tensor-core kernel (launch.h, kernel_mma.cuh): an
   // explicit rule of the plan, not a fallback.
   if (num_partials > 1 || int64_t{rows} * num_heads < kTensorCoreMinRowHeads) return ValueKernel::kCudaCore;
+  if (rows <= kRowsPerPass && num_heads <= kCudaCoreMaxHeadsOnePass) return ValueKernel::kCudaCore;
   if (rows == 1 && num_heads <= kCudaCoreMaxHeadsAtOneRow) return ValueKernel::kCudaCore;
   if (rows == 1 && num_heads <= kCudaCorePackedMaxHeadsAtOneRow) return ValueKernel::kCudaCorePacked;
   const int64_t full_width_ctas = int64_t{(rows + kMmaRowTile - 1) / kMmaRowTile} * num_heads;

@@ -31,7 +31,8 @@ struct ValuePlan {
 
 // The plan for `rows` rows of `num_heads` heads whose latent is merged from `num_partials` DCP partials
 // (0 or 1: no merge). Picks a tensor-core kernel from kTensorCoreMinRowHeads rows x heads up (the
-// column-split one while the full-width grid has fewer than kFullWidthMinCtas CTAs), except that a DCP
+// column-split one while the full-width grid has fewer than kFullWidthMinCtas CTAs), except for one pass of rows at
+// up to kCudaCoreMaxHeadsOnePass heads and one row at up to kCudaCorePackedMaxHeadsAtOneRow (config.h), and that a DCP
 // merge (num_partials > 1) always runs the CUDA-core kernel: its merged latent stays fp32 (DESIGN.md
 // §4, DCP: not rounded to bf16 before W_UV), and the tensor-core kernels' operands are bf16.
 // Sets the chosen kernel's shared-memory limit (call on the device that will run it). rows < 1,

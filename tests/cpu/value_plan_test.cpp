@@ -15,9 +15,16 @@ TEST(ValuePlan, CudaCoresBelowTheRowHeadThreshold) {
   // H 12 x 1 row is the one measured shape where the CUDA-core kernel wins (3.6 vs 4.4 µs).
   EXPECT_EQ(choose_value_kernel(1, 12, 1), ValueKernel::kCudaCore);
   EXPECT_EQ(choose_value_kernel(3, 12, 0), ValueKernel::kCudaCore);
-  const int min_rows_h12 = (value::kTensorCoreMinRowHeads + 11) / 12;
-  EXPECT_EQ(choose_value_kernel(min_rows_h12 - 1, 12, 1), ValueKernel::kCudaCore);
-  EXPECT_EQ(choose_value_kernel(min_rows_h12, 12, 1), ValueKernel::kTensorCoreSplit);
+  // One pass of rows over a one-wave grid (H <= kCudaCoreMaxHeadsOnePass): CUDA cores; a second pass: tensor cores
+  // once rows x heads reach kTensorCoreMinRowHeads, CUDA cores below it.
+  static_assert((value::kRowsPerPass + 1) * 12 >= value::kTensorCoreMinRowHeads,
+                "H 12's second pass is planned on tensor cores");
+  EXPECT_EQ(choose_value_kernel(value::kRowsPerPass, 12, 1), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(value::kRowsPerPass, value::kCudaCoreMaxHeadsOnePass, 0), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(value::kRowsPerPass + 1, 12, 1), ValueKernel::kTensorCoreSplit);
+  EXPECT_EQ(choose_value_kernel(2, value::kCudaCoreMaxHeadsOnePass + 1, 0), ValueKernel::kTensorCoreSplit);
+  EXPECT_EQ(choose_value_kernel(value::kTensorCoreMinRowHeads / 8 - 1, 8, 0), ValueKernel::kCudaCore);
+  EXPECT_EQ(choose_value_kernel(value::kTensorCoreMinRowHeads / 8, 8, 0), ValueKernel::kTensorCoreSplit);
   // One row up to H 64 (W_UV in L2 by PreparedMla's prefetch): the CUDA-core kernel's one round trip.
   EXPECT_EQ(choose_value_kernel(1, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kCudaCore);
   EXPECT_EQ(choose_value_kernel(2, value::kCudaCoreMaxHeadsAtOneRow, 0), ValueKernel::kTensorCoreSplit);

@@ -219,14 +219,11 @@ TEST(ValueKernel, TensorCoreRowTiles) {
 TEST(ValueKernel, PlanPicksTheKernel) {
   MLA_REQUIRE_GPU();
   using value::plan_value;
-  // rows x heads below the threshold: CUDA cores; at it the split tensor-core kernel (a 12-head grid
-  // of few row tiles); the full-width one once its grid has kFullWidthMinCtas CTAs.
-  const int min_rows_h12 = (value::kTensorCoreMinRowHeads + 11) / 12;
-  if (min_rows_h12 > 1) {
-    EXPECT_EQ(plan_value(min_rows_h12 - 1, 12, 1).kernel, ValueKernel::kCudaCore);
-  }
-  EXPECT_EQ(plan_value(min_rows_h12, 12, 1).kernel, ValueKernel::kTensorCoreSplit);
-  EXPECT_EQ(plan_value(min_rows_h12, 12, 0).kernel, ValueKernel::kTensorCoreSplit);
+  // One pass of rows at 12 heads: CUDA cores; a second pass the split tensor-core kernel (a 12-head grid of few row
+  // tiles); the full-width one once its grid has kFullWidthMinCtas CTAs.
+  EXPECT_EQ(plan_value(value::kRowsPerPass, 12, 1).kernel, ValueKernel::kCudaCore);
+  EXPECT_EQ(plan_value(value::kRowsPerPass + 1, 12, 1).kernel, ValueKernel::kTensorCoreSplit);
+  EXPECT_EQ(plan_value(value::kRowsPerPass + 1, 12, 0).kernel, ValueKernel::kTensorCoreSplit);
   const int full_tiles_h96 = (value::kFullWidthMinCtas + 95) / 96;
   EXPECT_EQ(plan_value(value::kMmaRowTile * full_tiles_h96, 96, 1).kernel, ValueKernel::kTensorCore);
   EXPECT_EQ(plan_value(value::kMmaRowTile * (full_tiles_h96 - 1), 96, 1).kernel, ValueKernel::kTensorCoreSplit);
