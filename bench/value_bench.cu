@@ -247,10 +247,10 @@ int main(int argc, char** argv) {
     std::string table;
     char line[640];
     std::snprintf(line, sizeof line,
-                  "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d (one row: CUDA cores up "
-                  "to H %d, packed up to H %d), full width from %d CTAs%s\n\n",
+                  "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d (up to %d rows: CUDA cores "
+                  "up to H %d; one row: CUDA cores up to H %d, packed up to H %d), full width from %d CTAs%s\n\n",
                   prop.name, prop.multiProcessorCount, ceilings.describe().c_str(), value::kTensorCoreMinRowHeads,
-                  value::kCudaCoreMaxHeadsAtOneRow, value::kCudaCorePackedMaxHeadsAtOneRow, value::kFullWidthMinCtas,
+                  value::kRowsPerPass, value::kCudaCoreMaxHeadsOnePass, value::kCudaCoreMaxHeadsAtOneRow, value::kCudaCorePackedMaxHeadsAtOneRow, value::kFullWidthMinCtas,
                   l2_warm ? "; L2-WARM (--l2-warm, a diagnostic): one replica, its bytes in L2 between launches" : "");
     table += line;
     table +=

@@ -15,8 +15,9 @@
    And in the kernels of PREWAIT_NO_LOAD_USE no instruction before the wait reads a register that a load before it
    wrote: such an instruction holds the warp until the load lands, before the wait, so that the round trip no
    longer overlaps the producer (found 2026-12-07 in the query kernel: ptxas copied its 16 prefetched registers
-   into its projection loop's registers right after their loads, ~60 MOVs at C = 1-4; the query family joins the
-   list with its fix, bench/results/patches/query-prefetch-nomov.patch).
+   into its projection loop's registers right after their loads, ~60 MOVs at C = 1-4; removing them,
+   bench/results/patches/query-prefetch-nomov.patch, measured 2-4 % slower on an H100, so the query family stays
+   off the list).
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
    LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
    in a benchmark; and every kernel listed there is built and does touch it (no stale excuses).
