@@ -219,10 +219,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
-      head_counts = {std::atoi(argv[++i])};
-    } else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) {
-      row_counts = {std::atoi(argv[++i])};
+    } else if ((!std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--rows")) && i + 1 < argc) {
+      // Checked here, before any CUDA call, so that a plan's bad line fails the same way on a machine without a GPU.
+      char* end = nullptr;
+      const long value = std::strtol(argv[i + 1], &end, 10);
+      const bool heads_flag = !std::strcmp(argv[i], "--heads");
+      const long most = heads_flag ? kMaxHeads : 512;
+      if (*end != '\0' || value < 1 || value > most) {
+        std::fprintf(stderr, "value_bench: %s expects an integer in [1, %ld], got '%s'\n", argv[i], most, argv[i + 1]);
+        return 2;
+      }
+      (heads_flag ? head_counts : row_counts) = {int(value)};
+      ++i;
     } else if (!std::strcmp(argv[i], "--l2-warm")) {
       l2_warm = true;
     } else {

@@ -9,11 +9,57 @@
 # Blank lines and lines starting with # are skipped; the steps read /dev/null (the plan itself is the loop's stdin).
 # A step that would start after LIMIT seconds (default 500) is skipped and says so, so that a call under the
 # device's time limit still brings back what it ran.
-#   here:   scripts/pack_builds.sh main=main new=my-branch && write plan.txt
+#   here:   scripts/pack_builds.sh main=main new=my-branch && write plan.txt && scripts/device_plan.sh --check plan.txt
 #   there:  scripts/device_plan.sh build-pack/plan.txt
+# --check (here, before the call; no GPU needed): every line names folders and binaries the pack holds, its test
+# families exist, and every benchmark accepts its arguments (run from CHECK_BUILD, default build: the benchmarks parse
+# their arguments before any CUDA call and exit 2 on a bad one). Exits 1 if a line would fail for either reason.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-plan=${1:?usage: scripts/device_plan.sh PLAN_FILE}
+if [[ ${1:-} == --check ]]; then
+  plan=${2:?usage: scripts/device_plan.sh --check PLAN_FILE}
+  local_build=${CHECK_BUILD:-build}
+  packed=$(tar -tJf build-pack/builds.tar.xz 2>/dev/null) || { echo "device_plan: no build-pack/builds.tar.xz"; exit 1; }
+  bad=0
+  fail() { echo "device_plan --check: line '$line': $*"; bad=1; }
+  in_pack() { grep -qxF "$1" <<< "$packed" || grep -qxF "./$1" <<< "$packed"; }
+  accepts() {  # BENCH ARGS...: the local build's benchmark does not reject the arguments (rc 2)
+    local bench=$1; shift
+    [[ -x $local_build/bench/$bench ]] || { fail "no $local_build/bench/$bench to check its arguments"; return; }
+    local err
+    err=$(timeout 30 "$local_build/bench/$bench" "$@" 2>&1 >/dev/null)
+    (($? == 2)) && fail "$bench rejects its arguments: $(head -n 1 <<< "$err")"
+  }
+  while read -r line; do
+    read -r kind name rest <<< "$line"
+    [[ -z $kind || $kind == \#* ]] && continue
+    case "$kind" in
+      tests)
+        for family in ${rest:-core dcp dcp_nccl pipeline query value}; do
+          in_pack "$name/tests/mla_gpu_${family}_tests" || fail "the pack has no $name/tests/mla_gpu_${family}_tests"
+        done
+        ;;
+      ab)
+        read -r base new bench args <<< "$rest"
+        for b in "$base" "$new"; do in_pack "$b/bench/$bench" || fail "the pack has no $b/bench/$bench"; done
+        # shellcheck disable=SC2086  # the benchmark's arguments are words
+        accepts "$bench" $args
+        ;;
+      run)
+        read -r command args <<< "$rest"
+        if [[ $command == build-*/bench/* ]]; then  # a packed benchmark: checked like an A/B's
+          in_pack "$command" || fail "the pack has no $command"
+          # shellcheck disable=SC2086  # the benchmark's arguments are words; $OUT names a folder there, /tmp here
+          accepts "$(basename "$command")" ${args//\$OUT//tmp}
+        fi
+        ;;
+      *) fail "unknown step '$kind' (tests, ab, run)" ;;
+    esac
+  done < "$plan"
+  ((bad)) || echo "device_plan --check: $plan is fine"
+  exit "$bad"
+fi
+plan=${1:?usage: scripts/device_plan.sh [--check] PLAN_FILE}
 out=${OUT:-gpu-out}
 limit=${LIMIT:-500}
 mkdir -p "$out/logs"
@@ -40,6 +86,7 @@ while read -r kind name rest; do
       BUILD_DIR="$new" BASE="$base/bench" TESTS=0 RUNS="${RUNS:-2}" OUT="$out/logs/$name" \
         scripts/bench_compare.sh run "$bench" $args < /dev/null > "$out/logs/$name.log" 2>&1
       rc=$?
+      grep -qE ' rc=[1-9]' "$out/logs/$name.log" && rc=1  # a benchmark run that failed fails the step
       tables+=("== $name: $base -> $new ($bench; base/new of the medians, > 1: new is faster)"
                "$(grep -E ' = ' "$out/logs/$name.log")")
       ;;
