@@ -56,23 +56,32 @@ columns = {"core_bench": ([1, 2], [8]), "query_bench": ([1, 2], [3]), "value_ben
 if bench not in columns:
     sys.exit(f"bench_compare: no table layout for {bench} (known: {', '.join(columns)})")
 key_cols, time_cols = columns[bench]
+# value_bench also names the kernel its plan picks (column `planned`): that kernel's µs is one more column, so an A/B of
+# a plan rule shows the change (the kernels' own columns stay the same when only the choice moves).
+planned_column = bench == "value_bench"
 def rows(side, run):
-    table = {}
+    table, header = {}, []
     for line in open(f"{out}/{bench}_{side}_{run}.log", encoding="utf-8", errors="replace"):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and not cells[0][:1].isdigit() and "planned" in cells:
+            header = cells
         if not line.startswith("| ") or not cells[0][:1].isdigit():
             continue
         try:
-            table[" | ".join(cells[c - 1] for c in key_cols)] = [float(cells[c - 1]) for c in time_cols]
+            times = [float(cells[c - 1]) for c in time_cols]
+            if planned_column:
+                times.append(float(cells[header.index(cells[header.index("planned")] + " µs")]))
+            table[" | ".join(cells[c - 1] for c in key_cols)] = times
         except (ValueError, IndexError):
             continue  # a line of another table
     return table
 base = [rows("base", r) for r in range(1, runs + 1)]
 new = [rows("bench", r) for r in range(1, runs + 1)]
-print(f"\n{bench}: µs per column, base runs / new runs, base/new of the medians")
+print(f"\n{bench}: µs per column, base runs / new runs, base/new of the medians"
+      + ("; the last column: the planned kernel's" if planned_column else ""))
 for shape, _ in new[0].items():
     cells = []
-    for k in range(len(time_cols)):
+    for k in range(len(time_cols) + planned_column):
         b = [t[shape][k] for t in base if shape in t]
         n = [t[shape][k] for t in new if shape in t]
         ratio = statistics.median(b) / statistics.median(n) if b and n and statistics.median(n) > 0 else float("nan")
