@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "common/cuda_check.h"
 
@@ -33,6 +35,20 @@ T* device_alloc(size_t count) {
   T* p = nullptr;
   MLA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, count * sizeof(T))));
   return p;
+}
+
+// The value of a count flag (`--heads H`, `--rows R`): an integer in [1, most], or a message naming the flag and what
+// came, and false. Checked before any CUDA call, so that a device plan's bad line fails on a machine without a GPU
+// too (scripts/device_plan.sh --check: exit code 2).
+inline bool parse_count(const char* program, const char* flag, const char* text, long most, int& value) {
+  char* end = nullptr;
+  const long parsed = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || parsed < 1 || parsed > most) {
+    std::fprintf(stderr, "%s: %s expects an integer in [1, %ld], got '%s'\n", program, flag, most, text);
+    return false;
+  }
+  value = static_cast<int>(parsed);
+  return true;
 }
 
 }  // namespace mla::bench

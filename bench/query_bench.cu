@@ -190,15 +190,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if ((!std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--rows")) && has_value) {
-      char* end = nullptr;
-      const long value = std::strtol(argv[i + 1], &end, 10);
       const bool heads_flag = !std::strcmp(argv[i], "--heads");
-      const long most = heads_flag ? mla::kMaxHeads : 512;
-      if (*end != '\0' || value < 1 || value > most) {
-        std::fprintf(stderr, "query_bench: %s expects an integer in [1, %ld], got '%s'\n", argv[i], most, argv[i + 1]);
+      int value = 0;
+      if (!mla::bench::parse_count("query_bench", argv[i], argv[i + 1], heads_flag ? mla::kMaxHeads : 512, value)) {
         return 2;
       }
-      (heads_flag ? chosen_heads : chosen_rows).push_back(int(value));
+      (heads_flag ? chosen_heads : chosen_rows).push_back(value);
       ++i;
     } else if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;

@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -220,16 +219,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else if ((!std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--rows")) && i + 1 < argc) {
-      // Checked here, before any CUDA call, so that a plan's bad line fails the same way on a machine without a GPU.
-      char* end = nullptr;
-      const long value = std::strtol(argv[i + 1], &end, 10);
       const bool heads_flag = !std::strcmp(argv[i], "--heads");
-      const long most = heads_flag ? kMaxHeads : 512;
-      if (*end != '\0' || value < 1 || value > most) {
-        std::fprintf(stderr, "value_bench: %s expects an integer in [1, %ld], got '%s'\n", argv[i], most, argv[i + 1]);
-        return 2;
-      }
-      (heads_flag ? head_counts : row_counts) = {int(value)};
+      int value = 0;
+      if (!bench::parse_count("value_bench", argv[i], argv[i + 1], heads_flag ? kMaxHeads : 512, value)) return 2;
+      (heads_flag ? head_counts : row_counts) = {value};
       ++i;
     } else if (!std::strcmp(argv[i], "--l2-warm")) {
       l2_warm = true;
@@ -258,7 +251,8 @@ int main(int argc, char** argv) {
                   "device: %s, %d SMs; ceilings: %s; plan: tensor-core from rows x H >= %d (up to %d rows: CUDA cores "
                   "up to H %d; one row: CUDA cores up to H %d, packed up to H %d), full width from %d CTAs%s\n\n",
                   prop.name, prop.multiProcessorCount, ceilings.describe().c_str(), value::kTensorCoreMinRowHeads,
-                  value::kRowsPerPass, value::kCudaCoreMaxHeadsOnePass, value::kCudaCoreMaxHeadsAtOneRow, value::kCudaCorePackedMaxHeadsAtOneRow, value::kFullWidthMinCtas,
+                  value::kRowsPerPass, value::kCudaCoreMaxHeadsOnePass, value::kCudaCoreMaxHeadsAtOneRow,
+                  value::kCudaCorePackedMaxHeadsAtOneRow, value::kFullWidthMinCtas,
                   l2_warm ? "; L2-WARM (--l2-warm, a diagnostic): one replica, its bytes in L2 between launches" : "");
     table += line;
     table +=

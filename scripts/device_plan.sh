@@ -35,7 +35,8 @@ if [[ ${1:-} == --check ]]; then
     [[ -z $kind || $kind == \#* ]] && continue
     case "$kind" in
       tests)
-        for family in ${rest:-core dcp dcp_nccl pipeline query value}; do
+        in_pack "$name/tests/mla_tests" || fail "the pack has no $name/tests/mla_tests (a stripped build)"
+        for family in $rest; do
           in_pack "$name/tests/mla_gpu_${family}_tests" || fail "the pack has no $name/tests/mla_gpu_${family}_tests"
         done
         ;;
