@@ -530,8 +530,8 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 
 // The value, computed before this point: an empty asm volatile stays in order with the others (griddep_wait's), and it
 // takes the value as an input, so the arithmetic that makes it cannot sink below a later wait.
-__device__ __forceinline__ int64_t pinned(int64_t v) {
-  asm volatile("" : "+l"(v));
+__device__ __forceinline__ uint32_t pinned(uint32_t v) {
+  asm volatile("" : "+r"(v));
   return v;
 }
 
@@ -1112,29 +1112,15 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   detail::RequestSlots slots{request * p.num_splits, p.num_splits};
   int splits = 0;
   if constexpr (kSlots != kSlotsFlat) splits = nonempty_splits(length, slots.count);
-
-  // Where the entry's splits lie: split s at partial row (slots.first + s) * rows_m + the entry's row in the request,
-  // its latent chunk at that row * 512 + dim. The warp's splits are group_warp + u·G (G = warps_per_entry), so a round
-  // of loads is its first split's offset plus multiples of one step. Under the uniform deal all of it is known before
-  // the PDL wait and is computed there (pinned: ptxas otherwise placed this 64-bit math, ~165 SASS instructions, after
-  // the wait, in front of the first partial load); under flat slots it waits for the slots the split kernel recorded.
-  // Offsets, not pointers: a pointer through an asm statement loses its global state space (generic loads).
-  int64_t partial_row = 0;      // split 0's LSE; split s at + s * rows_m
-  int64_t first_lse = 0;        // split group_warp's
-  int64_t first_latent = 0;     // its latent chunk
-  const int64_t lse_step = int64_t{p.warps_per_entry} * rows_m;  // split s -> s + G
-  const int64_t latent_step = lse_step * kKvLoraRank;
-  auto locate_splits = [&] {
-    partial_row = int64_t{slots.first} * rows_m + (entry - int64_t{request} * rows_m);
-    first_lse = partial_row + int64_t{group_warp} * rows_m;
-    first_latent = first_lse * kKvLoraRank + dim;
+  // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request (< 2^31:
+  // plan_core). Under the uniform deal split 0's row is known now and is computed here, in 32 bits (pinned: ptxas
+  // otherwise sank the index math below the wait, in front of the first partial load; two pinned 64-bit offsets
+  // instead cost 16 registers, which halved the 512-thread CTAs an SM holds: 1 x 4k x 12 x q4 0.895x).
+  auto first_partial_row = [&] {
+    return static_cast<uint32_t>(slots.first * rows_m + (static_cast<int>(entry) - request * rows_m));
   };
-  if constexpr (kSlots != kSlotsFlat) {
-    locate_splits();
-    partial_row = detail::pinned(partial_row);
-    first_lse = detail::pinned(first_lse);
-    first_latent = detail::pinned(first_latent);
-  }
+  uint32_t partial_row_known = 0;
+  if constexpr (kSlots != kSlotsFlat) partial_row_known = detail::pinned(first_partial_row());
 
   // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
   detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);
@@ -1156,8 +1142,9 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     written = slots.count == 1;
     splits = written ? 0 : slots.count;
     slots.count = splits;
-    locate_splits();
   }
+  const int64_t partial_row = kSlots == kSlotsFlat ? first_partial_row() : partial_row_known;
+  const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]
 
   // NOTE: the first round of loads (a split per lane for phase 1, kLoadsInFlight latent rows per warp for
   // phase 2) reads the nonempty splits only (< `splits`). `splits` comes from the lengths load before the PDL wait,
@@ -1166,25 +1153,21 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // 2-6 MB of partial rows no split wrote when a short request runs under a long plan (src/core/README.md next
   // step 12). Under flat slots the slots themselves come from the split kernel (one load after the wait; every
   // recorded slot is nonempty).
+  const float* latent_of_entry = p.partial_latent + partial_row * kKvLoraRank + dim;  // split s at [s * rows_m * 512]
+  const int64_t split_stride = int64_t{rows_m} * kKvLoraRank;
   float round_lse[kLoadsInFlight];
   float4 round_v[kLoadsInFlight];
-  // This warp's splits s0 + u·G below `bound`, from split s0's LSE and latent chunk (offsets).
-  auto load_round = [&](int s0, int bound, int64_t lse, int64_t latent) {
+  auto load_round = [&](int s0, int bound) {  // this warp's splits s0 + u·G below `bound`
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      const bool nonempty = s0 + u * p.warps_per_entry < bound;
-      round_lse[u] = nonempty ? p.partial_lse[lse + u * lse_step] : -INFINITY;
-      round_v[u] = nonempty ? *reinterpret_cast<const float4*>(p.partial_latent + latent + u * latent_step)
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int s = s0 + u * p.warps_per_entry;
+      round_lse[u] = s < bound ? lse_of_entry[int64_t{s} * rows_m] : -INFINITY;
+      round_v[u] = s < bound ? *reinterpret_cast<const float4*>(latent_of_entry + s * split_stride)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  auto load_later_round = [&](int s0, int bound) {
-    const int64_t lse = partial_row + int64_t{s0} * rows_m;
-    load_round(s0, bound, lse, lse * kKvLoraRank + dim);
-  };
-  const float* lse_of_entry = p.partial_lse + partial_row;  // split s at [s * rows_m]
-  const float first_lane_lse = lane < splits ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
-  load_round(group_warp, splits, first_lse, first_latent);
+  const float first_lse = lane < splits ? lse_of_entry[int64_t{lane} * rows_m] : -INFINITY;
+  load_round(group_warp, splits);
   // The group's first warp: the merged latent chunk (sum of weights `sum` against the reference max `max_lse`) and LSE.
   auto store_combined = [&](const float4& total, float sum, float max_lse) {
     // NOTE: __fdividef (2 ulp; sum is in [1, splits]), not /: the IEEE division's slow-path call made ptxas spill.
@@ -1204,11 +1187,11 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     // src/core/README.md next step 9): one-request cores 1.005-1.073x; the flat deal's small batches lost up to 10 %
     // with it (one round of few splits a warp, where one LSE a lane and five shuffles are cheaper), so they keep the
     // LSE pass below.
-    (void)first_lane_lse;  // the pass's first LSEs: unused here (ptxas drops the load)
+    (void)first_lse;  // the pass's first LSEs: unused here (ptxas drops the load)
     float warp_max = -INFINITY, warp_sum = 0.0f;  // this warp's running max and sum of weights against it
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
-      if (s0 != group_warp) load_later_round(s0, splits);
+      if (s0 != group_warp) load_round(s0, splits);
       float round_max = warp_max;
 #pragma unroll
       for (int u = 0; u < kLoadsInFlight; ++u) {
@@ -1254,7 +1237,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   } else {
     // Phase 1: max and sum of exp over the splits' LSEs in one pass (every warp redundantly: no barrier).
     float max_lse = -INFINITY, sum = 0.0f;
-    detail::fold_lse(lane < splits ? first_lane_lse : -INFINITY, max_lse, sum);
+    detail::fold_lse(lane < splits ? first_lse : -INFINITY, max_lse, sum);
     for (int s = lane + 32; s < splits; s += 32) detail::fold_lse(lse_of_entry[int64_t{s} * rows_m], max_lse, sum);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -1270,7 +1253,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     // loaded above).
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = group_warp; s0 < splits; s0 += kLoadsInFlight * p.warps_per_entry) {
-      if (s0 != group_warp) load_later_round(s0, splits);
+      if (s0 != group_warp) load_round(s0, splits);
 #pragma unroll
       for (int u = 0; u < kLoadsInFlight; ++u) {
         const bool nonempty = s0 + u * p.warps_per_entry < splits;

@@ -231,6 +231,11 @@ CorePlan plan_for_kernel(const CoreShape& shape, int kernel_id) {
                   : dim3(static_cast<unsigned>(plan.m_tiles), static_cast<unsigned>(plan.num_splits),
                          static_cast<unsigned>(requests));
   plan.partial_slots = int64_t{plan.num_splits} * requests + (plan.flat_slots ? requests - 1 : 0);
+  // The combine indexes partial rows in 32 bits (core_combine_kernel); 2^31 of them would be a 4 TB workspace.
+  if (plan.partial_slots * rows_m > INT32_MAX) {
+    throw_bad_argument("CoreShape (rows, heads, q, split count)", "<= 2^31 - 1 partial rows (slots x q·H)",
+                       std::to_string(plan.partial_slots * rows_m));
+  }
   plan.merge_in_split = plan.flat_slots && (plan.num_splits == 1 || (plan.num_splits == 2 &&
                                                                      plan.tile_rows <= kMaxRowsMergedAtTwoSplits));
   // Two ints a (request, M-tile): the mma.sync kernel counts arrivals and stored partials, the ping-pong one the first.

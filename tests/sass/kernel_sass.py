@@ -21,6 +21,9 @@
 2. No kernel touches local memory (STL/LDL: register spills or a stack array) unless listed in
    LOCAL_MEMORY_ALLOWED with the reason, so a change that makes a hot loop spill fails here, not silently
    in a benchmark; and every kernel listed there is built and does touch it (no stale excuses).
+3. The kernels of REGISTER_CAPS use no more registers than their cap (cuobjdump -res-usage), where the count sets
+   how many CTAs an SM holds (found 2026-12-07: the combine's pre-wait offsets took it from 64 to 80 registers, one
+   512-thread CTA an SM instead of two).
 
 usage: kernel_sass.py CUOBJDUMP_DIR LIBRARY...   (exit 77 = skipped: no cuobjdump/nvdisasm)
 """
@@ -63,6 +66,13 @@ LOCAL_MEMORY_ALLOWED = {
         "64-row tiles, planned only above 64 rows at H < 12 (the GEMM path otherwise): 40 B of stack in an inner "
         "loop at its 168-register cap",
 }
+# Kernels (demangled, exact) whose register count sets how many CTAs an SM holds, the most registers a thread, and why.
+REGISTER_CAPS = {
+    "void mla::core::core_combine_kernel<0>(mla::core::CombineParams)":
+        (64, "two 512-thread CTAs an SM (one request, G = 16 warps an entry: 192 CTAs at q4 x H12, one wave); at 80 "
+             "registers it held one and 1 x 4k x 12 x q4 cores measured 0.895x (bench/results/branches.md)"),
+}
+RESOURCES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+)")
 LOAD = re.compile(r"(LDG|LDGSTS)(\.|$)")
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 
@@ -131,11 +141,14 @@ def main():
         print(f"SKIPPED: no cuobjdump/nvdisasm in {tools} (scripts/setup.sh installs them)")
         return 77
     env = dict(os.environ, PATH=tools + os.pathsep + os.environ.get("PATH", ""))
-    all_kernels = []
+    all_kernels, registers = [], {}
     for library in libraries:
         sass = subprocess.run([cuobjdump, "-sass", library], env=env, check=True, capture_output=True,
                               text=True).stdout
         all_kernels.extend(kernels(sass))
+        usage = subprocess.run([cuobjdump, "-res-usage", library], env=env, check=True, capture_output=True,
+                               text=True).stdout
+        registers.update({m.group(1): int(m.group(2)) for m in RESOURCES.finditer(usage)})
     if not all_kernels:
         print("FAILED: no kernel in " + " ".join(libraries))
         return 1
@@ -181,7 +194,17 @@ def main():
             print(line + (f": allowed, {why}" if why else ""))
             if why is None:
                 failures.append("local memory: " + line + " (spills? see ptxas -v; or list it with the reason)")
-    # 3. The list itself: an entry whose kernel is gone or no longer touches local memory is stale (its reason
+    # 3. Register caps.
+    by_readable = {readable[name]: name for name, _ in all_kernels}
+    for listed, (cap, why) in REGISTER_CAPS.items():
+        if listed not in by_readable:
+            failures.append(f"REGISTER_CAPS lists {listed}, which is not built (renamed? remove it)")
+            continue
+        count = registers.get(by_readable[listed])
+        print(f"{listed}: {count} registers (cap {cap}: {why})")
+        if count is None or count > cap:
+            failures.append(f"registers: {listed} uses {count}, more than its cap {cap} ({why})")
+    # 4. The lists themselves: an entry whose kernel is gone or no longer touches local memory is stale (its reason
     #    would excuse a later spill unseen).
     built = set(readable.values())
     for listed in PREWAIT_LOAD_USE_ALLOWED:
