@@ -99,7 +99,8 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 //   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
 //   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
-//   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66.
+//   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66. At 8-row tiles from 48 heads C = 1
+//   with rope CTAs instead of C = 2 (below).
 void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int64_t rows = plan.rows;
   if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
@@ -124,6 +125,12 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
       const int64_t budget = c >= 3 ? num_sms * 3 / 4 : num_sms;
       if (ctas <= budget && clusters <= active) break;
     }
+    // At 8-row tiles from kMinHeadsOneCtaAHead heads, one CTA a head with rope CTAs on the spare SMs beats the pair of
+    // C = 2: no cluster barrier and remote sum, and every SM still streams (H100 sweep 2026-12-07 ~09:20 UTC,
+    // bench/results/query.md: H 48-66 x 1-8 rows 1.01-1.06x; H 40 and 16-row tiles keep C = 2).
+    if (cluster == 2 && plan.row_tile == 8 && plan.num_heads >= kMinHeadsOneCtaAHead && !overrides.no_rope_ctas &&
+        choose_rope_ctas(plan.num_heads, 1, row_tiles, num_sms).ctas > 0)
+      cluster = 1;
   }
   if (cluster == 0 || fused_kernel_for(plan.row_tile, cluster) == nullptr)
     throw_bad_argument("cluster_size",
