@@ -263,8 +263,12 @@ int main(int argc, char** argv) {
         Problem p = make_problem(rows, H, stream);
         std::printf("H=%3d rows=%3d:", H, rows);
         const int planned_tile = query::make_query_plan(rows, H).row_tile;
-        for (int row_tile : {planned_tile, 32, 64}) {
-          if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) continue;
+        for (int row_tile : {planned_tile, 8, 32, 64}) {
+          if (row_tile == 8) {
+            if (planned_tile != 16) continue;  // 9-16 rows: two 8-row tiles against the planned one of 16
+          } else if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) {
+            continue;
+          }
           if (row_tile == 64 && planned_tile == 64) continue;
           for (int cluster : {1, 2, 3, 4, 6, 8}) {
             query::QueryPlan plan;
