@@ -263,9 +263,10 @@ int main(int argc, char** argv) {
         Problem p = make_problem(rows, H, stream);
         std::printf("H=%3d rows=%3d:", H, rows);
         const int planned_tile = query::make_query_plan(rows, H).row_tile;
-        for (int row_tile : {planned_tile, 8, 32, 64}) {
-          if (row_tile == 8) {
-            if (planned_tile != 16) continue;  // 9-16 rows: two 8-row tiles against the planned one of 16
+        for (int row_tile : {planned_tile, 8, 16, 32, 64}) {
+          if (row_tile == 8 || row_tile == 16) {
+            // 9-16 rows: two 8-row tiles and one of 16, whichever the plan did not pick
+            if (row_tile == planned_tile || rows <= 8 || rows > 16) continue;
           } else if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) {
             continue;
           }

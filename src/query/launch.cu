@@ -92,10 +92,11 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 // The plan: rows per cluster from the batch, then the cluster size C.
 // NOTE: chosen by measurement (bench/results/query.md, the sweep of every (R, C) at H {12, 16, 64, 96,
 // 128} x rows {1, 4, 16, 64, 256}); this rule picks the fastest measured pair at every one of them:
-//   R = 8 / 16 up to 16 rows; 32 up to 64 rows (two 32-row tiles beat one 64-row tile: the norm and
-//   the projection of a tile are serial in its CTAs); 64 above (fewer re-reads of the weights);
-//   C = the largest of 8, 6, 4, 3, 2, 1 whose CTAs (H x row tiles x C) fit in one wave of the SMs, where
-//   clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
+//   R = 8 up to 8 rows, 16 up to 12, 8 again at 13-16 rows where two tiles get clusters (below); 32 up to 64 rows
+//   (two 32-row tiles beat one 64-row tile: the norm and the projection of a tile are serial in its CTAs); 64 above
+//   (fewer re-reads of the weights);
+//   C = the largest of 8, 6, 4 (32- and 64-row tiles only), 3, 2, 1 whose CTAs (H x row tiles x C) fit in one
+//   wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
 //   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
 //   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
@@ -110,21 +111,42 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     throw_bad_argument("cluster_size", "1, 2, 3, 4, 6 or 8", std::to_string(overrides.cluster_size));
   if (overrides.no_rope_ctas != 0 && overrides.no_rope_ctas != 1)
     throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
-  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
-  const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
-  const int64_t clusters = int64_t(row_tiles) * plan.num_heads;
-  int cluster = overrides.cluster_size;
-  if (!cluster) {
-    const int num_sms = num_sms_of_device();
+  const int num_sms = num_sms_of_device();
+  // The rule's cluster size for a row tile.
+  auto planned_cluster = [&](int row_tile) {
+    const int64_t clusters = (rows + row_tile - 1) / row_tile * plan.num_heads;
+    int chosen = 0;
     for (int c : {8, 6, 4, 3, 2, 1}) {
-      if (fused_kernel_for(plan.row_tile, c) == nullptr) continue;
-      const int active = prepare_fused(plan.row_tile, c, FusedSmemPlan{plan.row_tile, c}.bytes());
+      if (fused_kernel_for(row_tile, c) == nullptr) continue;
+      // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
+      // wherever C = 4 fits (H100 2026-12-07 ~09:45 UTC: H 8-24 x 1-16 rows 1.02-1.08x, bench/results/query.md).
+      if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
+      const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
       if (active < 1) continue;
-      cluster = c;  // the smallest feasible C so far: the fallback when none fits one wave
+      chosen = c;  // the smallest feasible C so far: the fallback when none fits one wave
       const int64_t ctas = clusters * c;
       const int64_t budget = c >= 3 ? num_sms * 3 / 4 : num_sms;
       if (ctas <= budget && clusters <= active) break;
     }
+    return chosen;
+  };
+  plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
+  int cluster = overrides.cluster_size;
+  if (!cluster) {
+    cluster = planned_cluster(plan.row_tile);
+    // 13-16 rows: two 8-row tiles where they still get clusters (C >= 2), instead of one 16-row tile (H100 sweep
+    // 2026-12-07 ~09:45 UTC, bench/results/query.md: H 8-32 x 14 / 16 rows 1.02-1.18x; at 9-12 rows and from 48
+    // heads, where the 8-row tiles get C = 1 without rope CTAs, the 16-row tile is faster).
+    if (!overrides.row_tile && rows > 12 && rows <= 16) {
+      const int two_tiles_cluster = planned_cluster(8);
+      if (two_tiles_cluster >= 2) {
+        plan.row_tile = 8;
+        cluster = two_tiles_cluster;
+      }
+    }
+  }
+  const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
+  if (!overrides.cluster_size) {
     // At 8-row tiles from kMinHeadsOneCtaAHead heads, one CTA a head with rope CTAs on the spare SMs beats the pair of
     // C = 2: no cluster barrier and remote sum, and every SM still streams (H100 sweep 2026-12-07 ~09:20 UTC,
     // bench/results/query.md: H 48-66 x 1-8 rows 1.01-1.06x; H 40 and 16-row tiles keep C = 2).
@@ -140,7 +162,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   plan.cluster_size = cluster;
   plan.smem_bytes = FusedSmemPlan{plan.row_tile, cluster}.bytes();
   if (!overrides.no_rope_ctas) {
-    const RopeCtas rope = choose_rope_ctas(plan.num_heads, cluster, row_tiles, num_sms_of_device());
+    const RopeCtas rope = choose_rope_ctas(plan.num_heads, cluster, row_tiles, num_sms);
     plan.rope_ctas = rope.ctas;
     plan.rope_tiles_per_cta = rope.tiles_per_cta;
   }

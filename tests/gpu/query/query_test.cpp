@@ -634,8 +634,9 @@ TEST(Query, GemmPathWithoutCublasHandleThrows) {
 }
 
 // The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs
-// fit one wave (clusters of 3 and more within 3/4 of the SMs), else the smallest that holds the tile; at 8-row
-// tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs.
+// fit one wave (clusters of 3 and more within 3/4 of the SMs; 4 only above 16-row tiles), else the smallest that holds
+// the tile; at 8-row tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs; two 8-row tiles at 13-16
+// rows where they get clusters.
 TEST(Query, PlanFollowsTheMeasuredRule) {
   MLA_REQUIRE_GPU();
   int sms = 0;
@@ -645,6 +646,8 @@ TEST(Query, PlanFollowsTheMeasuredRule) {
   for (const Want& w : {Want{1, 12, 0, 8, 8}, Want{4, 16, 0, 8, 6}, Want{1, 32, 0, 8, 3}, Want{16, 64, 0, 16, 2},
                         Want{1, 40, 0, 8, 2}, Want{1, 47, 0, 8, 2}, Want{1, 48, 0, 8, 1}, Want{8, 64, 0, 8, 1},
                         Want{4, 66, 0, 8, 1}, Want{12, 48, 0, 16, 2}, Want{1, 96, 0, 8, 1},
+                        Want{1, 20, 0, 8, 3}, Want{12, 24, 0, 16, 3}, Want{12, 12, 0, 16, 8}, Want{13, 12, 0, 8, 3},
+                        Want{16, 8, 0, 8, 6}, Want{16, 16, 0, 8, 3}, Want{16, 32, 0, 8, 2}, Want{16, 48, 0, 16, 2},
                         Want{16, 128, 0, 16, 1}, Want{64, 12, 0, 32, 4}, Want{64, 16, 1, 32, 2},
                         Want{64, 128, 1, 32, 2}, Want{256, 12, 1, 64, 2}, Want{512, 128, 1, 64, 2}}) {
     const QueryPlan plan = query::make_query_plan(w.rows, w.heads, {.path = w.path});
