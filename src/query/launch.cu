@@ -119,7 +119,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     for (int c : {8, 6, 4, 3, 2, 1}) {
       if (fused_kernel_for(row_tile, c) == nullptr) continue;
       // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
-      // wherever both fit (H100 2026-12-07 ~09:55 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
+      // wherever both fit (H100 2026-12-07 ~09:10 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
       if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
       const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
       if (active < 1) continue;
@@ -135,7 +135,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   if (!cluster) {
     cluster = planned_cluster(plan.row_tile);
     // 13-16 rows: two 8-row tiles where they still get clusters (C >= 2), instead of one 16-row tile (H100 2026-12-07
-    // ~09:55 UTC, bench/results/query.md: H 8-32 x 13-16 rows 1.00-1.18x; at 9-12 rows, and from 48 heads, where two
+    // ~09:10 UTC, bench/results/query.md: H 8-32 x 13-16 rows 1.00-1.18x; at 9-12 rows, and from 48 heads, where two
     // 8-row tiles get C = 1 without rope CTAs, the 16-row tile is faster).
     if (!overrides.row_tile && rows > 12 && rows <= 16) {
       const int two_tiles_cluster = planned_cluster(8);
@@ -148,7 +148,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int row_tiles = int((rows + plan.row_tile - 1) / plan.row_tile);
   if (!overrides.cluster_size) {
     // At 8-row tiles from kMinHeadsOneCtaAHead heads, one CTA a head with rope CTAs on the spare SMs beats the pair of
-    // C = 2: no cluster barrier and remote sum, and every SM still streams (H100 sweep 2026-12-07 ~09:20 UTC,
+    // C = 2: no cluster barrier and remote sum, and every SM still streams (H100 sweep 2026-12-07 ~08:58 UTC,
     // bench/results/query.md: H 48-66 x 1-8 rows 1.01-1.06x; H 40 and 16-row tiles keep C = 2).
     if (cluster == 2 && plan.row_tile == 8 && plan.num_heads >= kMinHeadsOneCtaAHead && !overrides.no_rope_ctas &&
         choose_rope_ctas(plan.num_heads, 1, row_tiles, num_sms).ctas > 0)
