@@ -121,6 +121,8 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
       // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
       // wherever both fit (H100 2026-12-07 ~09:10 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
       if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
+      // No C = 8 at 16-row tiles (H <= 12 at 9-12 rows): C = 6 measured 0.4-3.6 % faster (H100 2026-12-07 ~09:05 UTC).
+      if (c == 8 && row_tile == 16) continue;
       const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
       if (active < 1) continue;
       chosen = c;  // the smallest feasible C so far: the fallback when none fits one wave
