@@ -95,8 +95,8 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 //   R = 8 up to 8 rows, 16 up to 12, 8 again at 13-16 rows where two tiles get clusters (below); 32 up to 64 rows
 //   (two 32-row tiles beat one 64-row tile: the norm and the projection of a tile are serial in its CTAs); 64 above
 //   (fewer re-reads of the weights);
-//   C = the largest of 8, 6, 4 (32- and 64-row tiles only), 3, 2, 1 whose CTAs (H x row tiles x C) fit in one
-//   wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
+//   C = the largest of 8 (not at 16-row tiles), 6, 4 (32/64-row tiles only), 3, 2, 1 whose CTAs (H x row tiles
+//   x C) fit in one wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
 //   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
 //   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
