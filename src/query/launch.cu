@@ -96,9 +96,9 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 //   (two 32-row tiles beat one 64-row tile: the norm and the projection of a tile are serial in its CTAs); 64 above
 //   (fewer re-reads of the weights);
 //   C = the largest of 8 (not at 16-row tiles), 6, 4 (32/64-row tiles only), 3, 2, 1 whose CTAs (H x row tiles
-//   x C) fit in one wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16 clusters of 8 or 32 of
-//   4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs free in
-//   one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
+//   x C) fit in one wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16
+//   clusters of 8 or 32 of 4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs
+//   free in one GPC, which the previous kernel of the stream still holds in part under PDL); the smallest C
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
 //   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66. At 8-row tiles from 48 heads C = 1
 //   with rope CTAs instead of C = 2 (below).
@@ -121,7 +121,8 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
       // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
       // wherever both fit (H100 2026-12-07 ~09:10 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
       if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
-      // No C = 8 at 16-row tiles (H <= 12 at 9-12 rows): C = 6 measured 0.4-3.6 % faster (H100 2026-12-07 ~09:05 UTC).
+      // No C = 8 at 16-row tiles (H <= 12 at 9-12 rows): C = 6 measured faster (H100 2026-12-07 ~09:20 UTC,
+      // bench/results/branches.md: H 8-12 x 9-12 rows 1.00-1.03x).
       if (c == 8 && row_tile == 16) continue;
       const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
       if (active < 1) continue;

@@ -633,10 +633,10 @@ TEST(Query, GemmPathWithoutCublasHandleThrows) {
   }
 }
 
-// The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs
-// fit one wave (clusters of 3 and more within 3/4 of the SMs; 4 only above 16-row tiles), else the smallest that holds
-// the tile; at 8-row tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs; two 8-row tiles at 13-16
-// rows where they get clusters.
+// The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs fit one wave
+// (clusters of 3 and more within 3/4 of the SMs; 4 only above 16-row tiles, 8 not at 16-row tiles), else the smallest
+// that holds the tile; at 8-row tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs; two 8-row tiles
+// at 13-16 rows where they get clusters.
 TEST(Query, PlanFollowsTheMeasuredRule) {
   MLA_REQUIRE_GPU();
   int sms = 0;
