@@ -263,14 +263,15 @@ int main(int argc, char** argv) {
         Problem p = make_problem(rows, H, stream);
         std::printf("H=%3d rows=%3d:", H, rows);
         const int planned_tile = query::make_query_plan(rows, H).row_tile;
-        for (int row_tile : {planned_tile, 8, 16, 32, 64}) {
-          if (row_tile == 8 || row_tile == 16) {
-            // 9-16 rows: two 8-row tiles and one of 16, whichever the plan did not pick
-            if (row_tile == planned_tile || rows <= 8 || rows > 16) continue;
-          } else if (row_tile != planned_tile && (rows < 64 || (row_tile == 32 && planned_tile == 32))) {
-            continue;
-          }
-          if (row_tile == 64 && planned_tile == 64) continue;
+        // The planned tile, and: from 64 rows the 32- and 64-row tiles; at 9-63 rows every tile from four a head up
+        // to the smallest that holds them all.
+        auto worth_timing = [&](int row_tile) {
+          if (row_tile == planned_tile) return true;
+          if (rows >= 64) return row_tile >= 32;
+          return rows > 8 && (rows + row_tile - 1) / row_tile <= 4 && row_tile / 2 < rows;
+        };
+        for (int row_tile : {8, 16, 32, 64}) {
+          if (!worth_timing(row_tile)) continue;
           for (int cluster : {1, 2, 3, 4, 6, 8}) {
             query::QueryPlan plan;
             try {
