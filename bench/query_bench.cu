@@ -5,7 +5,8 @@
 //
 //   query_bench                    the issue's table: H in {12,16,64,96,128} x rows in {1,4,16,64,256}
 //   query_bench --sweep            then, for every shape of the table: the fused kernel at every
-//                                  cluster size (row tiles 32 and 64 from 64 rows up), and the GEMM path
+//                                  cluster size (the planned row tile; also every tile of at most four a head at
+//                                  9-63 rows, 32 and 64 from 64 rows up), and the GEMM path
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
