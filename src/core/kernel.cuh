@@ -522,15 +522,10 @@ __device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const
   __syncthreads();  // the scratch rows and the flag may be rewritten by the next segment
 }
 
-// The value, hidden from the optimizer (keeps a loop-invariant computation inside the loop).
+// The value, hidden from the optimizer: keeps a loop-invariant computation inside the loop, and, as an empty asm
+// volatile stays in order with the others (griddep_wait's) and takes the value as an input, keeps the arithmetic that
+// makes it from sinking below a later wait.
 __device__ __forceinline__ uint32_t opaque(uint32_t v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
-
-// The value, computed before this point: an empty asm volatile stays in order with the others (griddep_wait's), and it
-// takes the value as an input, so the arithmetic that makes it cannot sink below a later wait.
-__device__ __forceinline__ uint32_t pinned(uint32_t v) {
   asm volatile("" : "+r"(v));
   return v;
 }
@@ -1113,14 +1108,14 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   int splits = 0;
   if constexpr (kSlots != kSlotsFlat) splits = nonempty_splits(length, slots.count);
   // Split s of the entry's request at partial row (slots.first + s) * rows_m + its row in the request (< 2^31:
-  // plan_core). Under the uniform deal split 0's row is known now and is computed here, in 32 bits (pinned: ptxas
-  // otherwise sank the index math below the wait, in front of the first partial load; two pinned 64-bit offsets
-  // instead cost 16 registers, which halved the 512-thread CTAs an SM holds: 1 x 4k x 12 x q4 0.895x).
+  // plan_core). Under the uniform deal split 0's row is known now and is computed here, in 32 bits, through opaque():
+  // ptxas otherwise sank the index math below the wait, in front of the first partial load; two such 64-bit offsets
+  // instead cost 16 registers, which halved the 512-thread CTAs an SM holds (1 x 4k x 12 x q4 0.895x).
   auto first_partial_row = [&] {
     return static_cast<uint32_t>(slots.first * rows_m + (static_cast<int>(entry) - request * rows_m));
   };
   uint32_t partial_row_known = 0;
-  if constexpr (kSlots != kSlotsFlat) partial_row_known = detail::pinned(first_partial_row());
+  if constexpr (kSlots != kSlotsFlat) partial_row_known = detail::opaque(first_partial_row());
 
   // The value stage's weights into L2 while this grid merges (its partials mostly in L2, DRAM mostly idle).
   detail::prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes);
