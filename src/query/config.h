@@ -20,6 +20,9 @@ inline constexpr int kRopeTilesPerHead = kRopeDim / kFeatureTile;  // 4: the las
 // The plan (launch.cu, plan_fused): from this many heads at 8-row tiles, one CTA a head (C = 1, with rope CTAs) instead
 // of clusters of two (measured: H 48-66 faster, H 40 slower).
 inline constexpr int kMinHeadsOneCtaAHead = 48;
+// The plan (launch.cu, fused_planned): at 17-32 rows, from this many heads (up to one wave of pairs) one 32-row tile of
+// clusters of two instead of the GEMM path (measured: H 48-64 faster, H 40 faster only up to 24 rows, H 12-32 slower).
+inline constexpr int kMinHeadsFusedPairs = 48;
 static_assert(kQkHeadDim % kFeatureTile == 0, "head rows must tile by 16");
 static_assert(kQLoraRank % kKChunk == 0, "q_lora_rank must tile by 32");
 

@@ -89,12 +89,35 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
   return clusters;
 }
 
+// The rule's cluster size for rows x H in tiles of row_tile, 0 where none fits (plan_fused's comment has the rule).
+int planned_cluster(int64_t rows, int num_heads, int row_tile, int num_sms) {
+  const int64_t clusters = (rows + row_tile - 1) / row_tile * num_heads;
+  int chosen = 0;
+  for (int c : {8, 6, 4, 3, 2, 1}) {
+    if (fused_kernel_for(row_tile, c) == nullptr) continue;
+    // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
+    // wherever both fit (H100 2026-12-07 ~09:10 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
+    if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
+    // No C = 8 at 16-row tiles (H <= 12 at 9-12 rows): C = 6 measured faster (H100 2026-12-07 ~09:20 UTC,
+    // bench/results/branches.md: H 8-12 x 9-12 rows 1.00-1.03x).
+    if (c == 8 && row_tile == 16) continue;
+    const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
+    if (active < 1) continue;
+    chosen = c;  // the smallest feasible C so far: the fallback when none fits one wave
+    const int64_t ctas = clusters * c;
+    const int64_t budget = c >= 3 ? num_sms * 3 / 4 : num_sms;
+    if (ctas <= budget && clusters <= active) break;
+  }
+  return chosen;
+}
+
 // The plan: rows per cluster from the batch, then the cluster size C.
 // NOTE: chosen by measurement (bench/results/query.md, the sweep of every (R, C) at H {12, 16, 64, 96,
 // 128} x rows {1, 4, 16, 64, 256}); this rule picks the fastest measured pair at every one of them:
-//   R = 8 up to 8 rows, 16 up to 12, 8 again at 13-16 rows where two tiles get clusters (below); 32 up to 64 rows
-//   (two 32-row tiles beat one 64-row tile: the norm and the projection of a tile are serial in its CTAs); 64 above
-//   (fewer re-reads of the weights);
+//   R = 8 up to 8 rows, 16 up to 12, 8 again at 13-16 rows where two tiles get clusters (below); at 17-32 rows (where
+//   fused_planned takes this kernel) 8 where the tiles get clusters of 3 or more, else 32; 32 up to 64 rows and 64
+//   above, on forced fused plans only (two 32-row tiles beat one 64-row tile: the norm and the projection of a tile
+//   are serial in its CTAs; 64-row tiles re-read the weights less);
 //   C = the largest of 8 (not at 16-row tiles), 6, 4 (32/64-row tiles only), 3, 2, 1 whose CTAs (H x row tiles
 //   x C) fit in one wave, where clusters of 3 and more must leave a quarter of the SMs free (128 CTAs as 16
 //   clusters of 8 or 32 of 4 ran 1.2-1.5x slower than 64 CTAs of half the cluster size: a cluster needs all its SMs
@@ -102,6 +125,7 @@ int prepare_fused(int row_tile, int cluster, size_t smem, bool rope_ctas = false
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
 //   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66. At 8-row tiles from 48 heads C = 1
 //   with rope CTAs instead of C = 2 (below).
+
 void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int64_t rows = plan.rows;
   if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
@@ -112,36 +136,20 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   if (overrides.no_rope_ctas != 0 && overrides.no_rope_ctas != 1)
     throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
   const int num_sms = num_sms_of_device();
-  // The rule's cluster size for a row tile.
-  auto planned_cluster = [&](int row_tile) {
-    const int64_t clusters = (rows + row_tile - 1) / row_tile * plan.num_heads;
-    int chosen = 0;
-    for (int c : {8, 6, 4, 3, 2, 1}) {
-      if (fused_kernel_for(row_tile, c) == nullptr) continue;
-      // C = 4 only where no C = 3 kernel exists (row tiles of 32 and 64): at 8 and 16 rows C = 3 measured faster
-      // wherever both fit (H100 2026-12-07 ~09:10 UTC, bench/results/query.md: H 20 / 24 x 1-16 rows 1.02-1.07x).
-      if (c == 4 && fused_kernel_for(row_tile, 3) != nullptr) continue;
-      // No C = 8 at 16-row tiles (H <= 12 at 9-12 rows): C = 6 measured faster (H100 2026-12-07 ~09:20 UTC,
-      // bench/results/branches.md: H 8-12 x 9-12 rows 1.00-1.03x).
-      if (c == 8 && row_tile == 16) continue;
-      const int active = prepare_fused(row_tile, c, FusedSmemPlan{row_tile, c}.bytes());
-      if (active < 1) continue;
-      chosen = c;  // the smallest feasible C so far: the fallback when none fits one wave
-      const int64_t ctas = clusters * c;
-      const int64_t budget = c >= 3 ? num_sms * 3 / 4 : num_sms;
-      if (ctas <= budget && clusters <= active) break;
-    }
-    return chosen;
-  };
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
+  // 17-32 rows (planned fused only where make_query_plan's rule says): 8-row tiles where they get clusters of 3 or
+  // more (H 8 x 17-32 rows: 8.8-9.8 against 10.2-12.8 µs with one 32-row tile; H100 2026-12-07 ~10:05 UTC,
+  // bench/results/query.md).
+  if (!overrides.row_tile && rows > 16 && rows <= 32 && planned_cluster(rows, plan.num_heads, 8, num_sms) >= 3)
+    plan.row_tile = 8;
   int cluster = overrides.cluster_size;
   if (!cluster) {
-    cluster = planned_cluster(plan.row_tile);
+    cluster = planned_cluster(rows, plan.num_heads, plan.row_tile, num_sms);
     // 13-16 rows: two 8-row tiles where they still get clusters (C >= 2), instead of one 16-row tile (H100 2026-12-07
     // ~09:10 UTC, bench/results/query.md: H 8-32 x 13-16 rows 1.00-1.18x; at 9-12 rows, and from 48 heads, where two
     // 8-row tiles get C = 1 without rope CTAs, the 16-row tile is faster).
     if (!overrides.row_tile && rows > 12 && rows <= 16) {
-      const int two_tiles_cluster = planned_cluster(8);
+      const int two_tiles_cluster = planned_cluster(rows, plan.num_heads, 8, num_sms);
       if (two_tiles_cluster >= 2) {
         plan.row_tile = 8;
         cluster = two_tiles_cluster;
@@ -265,6 +273,20 @@ RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms
   return rope;
 }
 
+// Which path the planner takes. NOTE: measured (H100 2026-12-07 ~10:05 UTC, bench/results/query.md: every fused (R, C)
+// and the GEMM path at H 8-128 x 17-64 rows; the <= 16-row sweeps of ~09:05 UTC): the fused kernel up to 16 rows, where
+// it streams the weights from every SM; at 17-32 rows only where its CTAs still fill the SMs: 8-row tiles that get
+// clusters of 3 or more (H <= 8; H <= 11 up to 24 rows), or one 32-row tile of pairs from kMinHeadsFusedPairs heads up
+// to one wave (2H <= SMs: H 48-64 x 17-32 rows 1.00-1.09x faster than the GEMM path); from 33 rows, and at H 12-47 or
+// past one wave of pairs at 17-32 rows, the GEMM path (cuBLAS and the absorb kernel), which was 1.02-1.71x faster there
+// (H 12 x 64 rows 14.8 -> 11.2 µs, H 128 x 48 rows 65.7 -> 47.3).
+bool fused_planned(int64_t rows, int num_heads, int num_sms) {
+  if (rows <= 16) return true;
+  if (rows > 32) return false;
+  return planned_cluster(rows, num_heads, 8, num_sms) >= 3 ||
+         (num_heads >= kMinHeadsFusedPairs && 2 * num_heads <= num_sms);
+}
+
 QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides& overrides) {
   if (rows < 1 || rows > 512) throw_bad_argument("rows", "1..512", std::to_string(rows));
   if (num_heads < 1 || num_heads > kMaxHeads) throw_bad_argument("num_heads", "1..128", std::to_string(num_heads));
@@ -273,10 +295,7 @@ QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides&
   plan.num_heads = num_heads;
   if (overrides.path < 0 || overrides.path > 2)
     throw_bad_argument("path", "0 (planner), 1 (fused) or 2 (GEMM)", std::to_string(overrides.path));
-  // NOTE: the GEMM path from 64 rows up (except 64 rows x H <= 12): the fused kernel lost to cuBLAS
-  // there (bench/results/query.md: H=16 rows=64 18.2 vs 17.1 µs, H=128 rows=256 257 vs 94 µs) and
-  // won below (H=12 rows=64 15.6 vs 16.9 µs).
-  const bool gemm = overrides.path == 2 || (overrides.path == 0 && rows >= 64 && rows * num_heads > 64 * 12);
+  const bool gemm = overrides.path == 2 || (overrides.path == 0 && !fused_planned(rows, num_heads, num_sms_of_device()));
   if (gemm) {
     plan_gemm(plan, overrides);
   } else {

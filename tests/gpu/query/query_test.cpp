@@ -551,7 +551,8 @@ TEST(Query, PdlAfterProducerInCudaGraph) {
 // Both paths on either side of the planner's crossover, and the GEMM path into a DCP mailbox.
 TEST(Query, BothPathsGiveTheSameBytesAtTheCrossover) {
   MLA_REQUIRE_GPU();
-  for (const auto& [H, rows] : {std::pair{16, 64}, std::pair{12, 64}, std::pair{96, 33}, std::pair{1, 512}}) {
+  for (const auto& [H, rows] : {std::pair{16, 16}, std::pair{16, 17}, std::pair{12, 25}, std::pair{8, 33},
+                                std::pair{64, 32}, std::pair{96, 33}, std::pair{1, 512}}) {
     for (int path : {1, 2}) {
       Case c{H, rows};
       c.max_checked_rows = std::max(2, 768 / H);
@@ -636,7 +637,8 @@ TEST(Query, GemmPathWithoutCublasHandleThrows) {
 // The planner's measured rule (src/query/launch.cu): row tile by rows, the largest cluster whose CTAs fit one wave
 // (clusters of 3 and more within 3/4 of the SMs; 4 only above 16-row tiles, 8 not at 16-row tiles), else the smallest
 // that holds the tile; at 8-row tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs; two 8-row tiles
-// at 13-16 rows where they get clusters.
+// at 13-16 rows where they get clusters; at 17-32 rows 8-row tiles with clusters of 3 or more, or one 32-row tile of
+// pairs from 48 heads up to one wave, else the GEMM path, which takes every plan from 33 rows.
 TEST(Query, PlanFollowsTheMeasuredRule) {
   MLA_REQUIRE_GPU();
   int sms = 0;
@@ -648,15 +650,20 @@ TEST(Query, PlanFollowsTheMeasuredRule) {
                         Want{4, 66, 0, 8, 1}, Want{12, 48, 0, 16, 2}, Want{1, 96, 0, 8, 1},
                         Want{1, 20, 0, 8, 3}, Want{12, 24, 0, 16, 3}, Want{12, 12, 0, 16, 6}, Want{13, 12, 0, 8, 3},
                         Want{16, 8, 0, 8, 6}, Want{16, 16, 0, 8, 3}, Want{16, 32, 0, 8, 2}, Want{16, 48, 0, 16, 2},
-                        Want{16, 128, 0, 16, 1}, Want{64, 12, 0, 32, 4}, Want{64, 16, 1, 32, 2},
-                        Want{64, 128, 1, 32, 2}, Want{256, 12, 1, 64, 2}, Want{512, 128, 1, 64, 2}}) {
+                        Want{16, 128, 0, 16, 1}, Want{17, 8, 0, 8, 3}, Want{32, 8, 0, 8, 3},
+                        Want{24, 11, 0, 8, 3}, Want{17, 48, 0, 32, 2}, Want{32, 64, 0, 32, 2},
+                        Want{64, 12, 1, 32, 4}, Want{64, 16, 1, 32, 2}, Want{64, 128, 1, 32, 2},
+                        Want{256, 12, 1, 64, 2}, Want{512, 128, 1, 64, 2}}) {
     const QueryPlan plan = query::make_query_plan(w.rows, w.heads, {.path = w.path});
     EXPECT_EQ(plan.path, query::QueryPath::kFused) << plan.describe();
     EXPECT_EQ(plan.row_tile, w.row_tile) << plan.describe();
     EXPECT_EQ(plan.cluster_size, w.cluster) << plan.describe();
   }
-  // The GEMM path from 64 rows up, except 64 rows at H <= 12.
-  for (const auto& [rows, heads] : {std::pair{64, 16}, std::pair{65, 12}, std::pair{256, 12}, std::pair{512, 128}}) {
+  // The GEMM path from 33 rows up, and at 17-32 rows where the fused kernel's CTAs do not fill the SMs: 8-row tiles
+  // without clusters of 3 (H 12 from 25 rows), H 12-47, past one wave of pairs (H 67 on 132 SMs).
+  for (const auto& [rows, heads] : {std::pair{33, 8}, std::pair{64, 12}, std::pair{17, 16}, std::pair{25, 12},
+                                    std::pair{32, 47}, std::pair{17, 67}, std::pair{32, 128}, std::pair{256, 12},
+                                    std::pair{512, 128}}) {
     EXPECT_EQ(query::make_query_plan(rows, heads).path, query::QueryPath::kGemm) << rows << " rows, H=" << heads;
   }
 }
