@@ -138,7 +138,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int num_sms = num_sms_of_device();
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
   // 17-32 rows (planned fused only where make_query_plan's rule says): 8-row tiles where they get clusters of 3 or
-  // more (H 8 x 17-32 rows: 8.8-9.8 against 10.2-12.8 µs with one 32-row tile; H100 2026-12-07 ~10:05 UTC,
+  // more (H 8 x 17-32 rows: 8.8-9.8 against 10.2-12.8 µs with one 32-row tile; H100 2026-12-07 ~10:00 UTC,
   // bench/results/query.md).
   if (!overrides.row_tile && rows > 16 && rows <= 32 && planned_cluster(rows, plan.num_heads, 8, num_sms) >= 3)
     plan.row_tile = 8;
@@ -273,7 +273,7 @@ RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms
   return rope;
 }
 
-// Which path the planner takes. NOTE: measured (H100 2026-12-07 ~10:05 UTC, bench/results/query.md: every fused (R, C)
+// Which path the planner takes. NOTE: measured (H100 2026-12-07 ~10:00 UTC, bench/results/query.md: every fused (R, C)
 // and the GEMM path at H 8-128 x 17-64 rows; the <= 16-row sweeps of ~09:05 UTC): the fused kernel up to 16 rows, where
 // it streams the weights from every SM; at 17-32 rows only where its CTAs still fill the SMs: 8-row tiles that get
 // clusters of 3 or more (H <= 8; H <= 11 up to 24 rows), or one 32-row tile of pairs from kMinHeadsFusedPairs heads up
