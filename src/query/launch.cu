@@ -125,7 +125,6 @@ int planned_cluster(int64_t rows, int num_heads, int row_tile, int num_sms) {
 //   whose shared memory holds R otherwise (C = 2 from 32 rows). C = 6 and 3 (row tiles 8 and 16 only)
 //   give H = 13-16 and 25-33 96-99 CTAs where C = 4 and 2 gave 52-66. At 8-row tiles from 48 heads C = 1
 //   with rope CTAs instead of C = 2 (below).
-
 void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   const int64_t rows = plan.rows;
   if (overrides.row_tile && overrides.row_tile != 8 && overrides.row_tile != 16 && overrides.row_tile != 32 &&
