@@ -177,7 +177,7 @@ constexpr int kMaxRandomRows = 512;
 constexpr int kMaxRandomRowHeads = 1 << 14;
 
 // A random case: heads (K3's per-GPU counts and the core's tile edges most often), q, 1-8 requests (one case in six a
-// large batch: up to 512 rows, the query stage's GEMM path past 64 rows) and up to 3 padding requests, lengths at the
+// large batch: up to 512 rows, the query stage's GEMM path from 33 rows) and up to 3 padding requests, lengths at the
 // page and q edges or random, max_context (hence the core's split count and its deal of the pages) from the longest
 // length up, and the pitch.
 PipelineCase random_case(synth::Rng& rng) {
