@@ -5,11 +5,13 @@
 // the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...]
-//              [--small-batch] [--splits N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident]
-//              [--max-context TOKENS] [--peer LIB.so] [--timeline]
+//              [--small-batch] [--splits N ...] [--tile N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]
+//              [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
-// each --splits N forces that split count (0 = planned) to find where the split plan should stop, and
+// each --splits N forces that split count (0 = planned) to find where the split plan should stop, each --tile N
+// (16, 32, 48 or 64; 0 = planned) the ping-pong kernel's N-tile in its variants (wgmma-pp2/3; the others ignore it),
+// and
 // each --shape (e.g. 128x4096x16x1, a trailing v for varlen) replaces the shape list: one shape to
 // profile (ncu --launch-skip then counts launches of that shape only). --stock also times the stock
 // composition of bench/core_bench_stock.cuh on the same inputs and checks its LSE against ours.
@@ -222,8 +224,8 @@ double max_lse_diff(const float* a, const float* b, int64_t n) {
 
 constexpr int64_t kL2ResidentPages = 128;
 
-Result bench_shape(const Shape& s, const Variant& variant, int num_splits, double copy_gbs, cublasHandle_t stock,
-                   const PeerCore* peer, bool l2_resident, int64_t max_context, bool timeline) {
+Result bench_shape(const Shape& s, const Variant& variant, int num_splits, int tile_rows, double copy_gbs,
+                   cublasHandle_t stock, const PeerCore* peer, bool l2_resident, int64_t max_context, bool timeline) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -266,6 +268,7 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, doubl
   shape.kernel = variant.kernel;
   shape.stages = variant.stages;
   shape.num_splits = num_splits;
+  shape.tile_rows = tile_rows;
   const mla::core::CorePlan plan = mla::core::plan_core(shape);
   if (plan.workspace_bytes > 0) MLA_CUDA_CHECK(cudaMalloc(&workspace, plan.workspace_bytes));
   if (plan.tile_counters > 0) {
@@ -367,6 +370,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   std::vector<Variant> variants;
   std::vector<int> split_counts;
+  std::vector<int> tile_rows_list;  // --tile: the ping-pong variants' N-tiles (0 = planned)
   bool small_batch = false, with_stock = false, l2_resident = false, timeline = false;
   int64_t max_context = 0;  // 0: each shape's longest request
   const char* peer_path = nullptr;
@@ -396,6 +400,10 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) {
       split_counts.push_back(std::atoi(argv[++i]));
       known = split_counts.back() >= 0;
+    } else if (!std::strcmp(argv[i], "--tile") && i + 1 < argc) {
+      tile_rows_list.push_back(std::atoi(argv[++i]));
+      const int t = tile_rows_list.back();
+      known = t == 0 || t == 16 || t == 32 || t == 48 || t == 64;
     } else if (!std::strcmp(argv[i], "--peer") && i + 1 < argc) {
       peer_path = argv[++i];
       known = true;
@@ -415,6 +423,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
+                   "[--tile N ...] "
                    "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]\n",
                    argv[i]);
       return 2;
@@ -422,6 +431,7 @@ int main(int argc, char** argv) {
   }
   if (variants.empty()) variants.push_back(kVariants[0]);
   if (split_counts.empty()) split_counts.push_back(0);
+  if (tile_rows_list.empty()) tile_rows_list.push_back(0);
   try {
     std::unique_ptr<PeerCore> peer;  // loaded first: a bad library fails before any GPU work
     if (peer_path != nullptr) peer = std::make_unique<PeerCore>(peer_path);
@@ -472,35 +482,38 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) {
       for (const Variant& variant : variants) {
         for (int num_splits : split_counts) {
-          const Result r =
-              bench_shape(s, variant, num_splits, copy_gbs, stock, peer.get(), l2_resident, max_context, timeline);
-          std::snprintf(line, sizeof line, "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
-                        s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
-                        mla::core::kernel_name(r.kernel), r.tile_rows, r.stages,
-                        r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
-          std::string row = line;
-          if (with_stock) {
-            // The stock LSE must agree with ours (fp32 vs bf16 operands: ~1e-3): a broken stock path
-            // cannot pass for a slow one.
-            const bool agree = r.stock_lse_diff <= 2e-2 && r.stock_latent_err <= 2e-2;
-            std::snprintf(line, sizeof line, " %.1f | %.2fx | %.1e, %.1e%s |", r.stock_us, r.stock_us / r.us,
-                          r.stock_lse_diff, r.stock_latent_err, agree ? "" : " MISMATCH");
-            row += line;
+          for (int tile_rows : variant.kernel == mla::core::kKernelWgmmaPp ? tile_rows_list : std::vector<int>{0}) {
+            const Result r = bench_shape(s, variant, num_splits, tile_rows, copy_gbs, stock, peer.get(), l2_resident,
+                                         max_context, timeline);
+            std::snprintf(line, sizeof line,
+                          "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
+                          s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
+                          mla::core::kernel_name(r.kernel), r.tile_rows, r.stages,
+                          r.ctas_per_sm, r.splits, r.us, r.gbs, r.pct, r.tflops);
+            std::string row = line;
+            if (with_stock) {
+              // The stock LSE must agree with ours (fp32 vs bf16 operands: ~1e-3): a broken stock path
+              // cannot pass for a slow one.
+              const bool agree = r.stock_lse_diff <= 2e-2 && r.stock_latent_err <= 2e-2;
+              std::snprintf(line, sizeof line, " %.1f | %.2fx | %.1e, %.1e%s |", r.stock_us, r.stock_us / r.us,
+                            r.stock_lse_diff, r.stock_latent_err, agree ? "" : " MISMATCH");
+              row += line;
+            }
+            if (peer && r.peer_us == 0) {
+              row += " - | - | - | - | cannot run: " + r.peer_note + " |";
+            } else if (peer) {
+              // Its own rounding (e.g. FP8 P·V) may keep its latent ~1e-2 from ours; the LSE must agree closely.
+              std::snprintf(line, sizeof line, " %.1f | %.1f | %.1f | %.2fx | %.1e, %.1e%s |", r.peer_us,
+                            r.pct * r.us / r.peer_us, r.tflops * r.us / r.peer_us, r.peer_us / r.us, r.peer_lse_diff,
+                            r.peer_latent_err, r.peer_lse_diff <= 1e-3 && r.peer_latent_err <= 5e-2 ? "" : " MISMATCH");
+              row += line;
+            }
+            row += "\n";
+            table += row;
+            std::fputs(row.c_str(), stdout);
+            if (timeline) std::fputs(r.timeline.c_str(), stdout);
+            std::fflush(stdout);
           }
-          if (peer && r.peer_us == 0) {
-            row += " - | - | - | - | cannot run: " + r.peer_note + " |";
-          } else if (peer) {
-            // Its own rounding (e.g. FP8 P·V) may keep its latent ~1e-2 from ours; the LSE must agree closely.
-            std::snprintf(line, sizeof line, " %.1f | %.1f | %.1f | %.2fx | %.1e, %.1e%s |", r.peer_us,
-                          r.pct * r.us / r.peer_us, r.tflops * r.us / r.peer_us, r.peer_us / r.us, r.peer_lse_diff,
-                          r.peer_latent_err, r.peer_lse_diff <= 1e-3 && r.peer_latent_err <= 5e-2 ? "" : " MISMATCH");
-            row += line;
-          }
-          row += "\n";
-          table += row;
-          std::fputs(row.c_str(), stdout);
-          if (timeline) std::fputs(r.timeline.c_str(), stdout);
-          std::fflush(stdout);
         }
       }
     }
