@@ -111,6 +111,13 @@ int planned_cluster(int64_t rows, int num_heads, int row_tile, int num_sms) {
   return chosen;
 }
 
+// 17-32 rows: whether 8-row tiles get clusters of 3 or more, the one tiling of the fused kernel there that beat both
+// one 32-row tile (H 8 x 17-32 rows: 8.8-9.8 against 10.2-12.8 µs) and, where it also fills the SMs, the GEMM path
+// (H100 2026-12-07 ~10:00 UTC, bench/results/query.md). Used by fused_planned (the path) and plan_fused (the tile).
+bool eight_row_tiles_get_large_clusters(int64_t rows, int num_heads, int num_sms) {
+  return rows > 16 && rows <= 32 && planned_cluster(rows, num_heads, 8, num_sms) >= 3;
+}
+
 // The plan: rows per cluster from the batch, then the cluster size C.
 // NOTE: chosen by measurement (bench/results/query.md, the sweep of every (R, C) at H {12, 16, 64, 96,
 // 128} x rows {1, 4, 16, 64, 256}); this rule picks the fastest measured pair at every one of them:
@@ -136,11 +143,7 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
   const int num_sms = num_sms_of_device();
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
-  // 17-32 rows (planned fused only where make_query_plan's rule says): 8-row tiles where they get clusters of 3 or
-  // more (H 8 x 17-32 rows: 8.8-9.8 against 10.2-12.8 µs with one 32-row tile; H100 2026-12-07 ~10:00 UTC,
-  // bench/results/query.md).
-  if (!overrides.row_tile && rows > 16 && rows <= 32 && planned_cluster(rows, plan.num_heads, 8, num_sms) >= 3)
-    plan.row_tile = 8;
+  if (!overrides.row_tile && eight_row_tiles_get_large_clusters(rows, plan.num_heads, num_sms)) plan.row_tile = 8;
   int cluster = overrides.cluster_size;
   if (!cluster) {
     cluster = planned_cluster(rows, plan.num_heads, plan.row_tile, num_sms);
@@ -282,7 +285,7 @@ RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms
 bool fused_planned(int64_t rows, int num_heads, int num_sms) {
   if (rows <= 16) return true;
   if (rows > 32) return false;
-  return planned_cluster(rows, num_heads, 8, num_sms) >= 3 ||
+  return eight_row_tiles_get_large_clusters(rows, num_heads, num_sms) ||
          (num_heads >= kMinHeadsFusedPairs && 2 * num_heads <= num_sms);
 }
 
