@@ -22,35 +22,52 @@ namespace mla::query {
 
 inline constexpr int kGemmNormThreads = 256;  // one CTA a row: 6 bf16 of q_a and 2 of kv_a a thread
 
-// Sum over the CTA (8 warps) of one value per thread, broadcast to every thread.
-__device__ __forceinline__ float block_sum_256(float v, float* scratch) {
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+// Sums over the CTA (8 warps) of two values per thread, broadcast to every thread: one barrier for both.
+__device__ __forceinline__ float2 block_sum2_256(float a, float b, float2* scratch) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
   __syncthreads();
-  float total = 0.f;
+  float2 total = make_float2(0.f, 0.f);
 #pragma unroll
-  for (int w = 0; w < kGemmNormThreads / 32; ++w) total += scratch[w];
+  for (int w = 0; w < kGemmNormThreads / 32; ++w) {
+    total.x += scratch[w].x;
+    total.y += scratch[w].y;
+  }
   return total;
 }
 
-// Grid: rows. Reads `projected` only after griddepcontrol.wait (it may be the previous kernel's output).
+// Grid: rows. Reads `projected` and `slots` only after griddepcontrol.wait (they may be the previous kernel's
+// output); the norm weights before it. NOTE: every load of the row goes out at once after the wait, and both sums
+// share one barrier: q_a, its sum, then q_a_norm, then the slot, kv_a, its sum and kv_a_norm, each after the last,
+// were six round trips in series in front of the cuBLAS GEMM.
 __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __grid_constant__ QueryParams p,
                                                                      __nv_bfloat16* qn) {
-  __shared__ float scratch[2][kGemmNormThreads / 32];
+  __shared__ float2 scratch[kGemmNormThreads / 32];
   const int row = blockIdx.x;
+  // q_a: columns 8t .. 8t+7 for t < 192 (threads 192..255 only norm kv_a); kv_a: 2t, 2t+1; k_pe: 2t, 2t+1 for t < 32.
+  const int t = threadIdx.x;
+  const bool has_q = t < kQLoraRank / 8;
+  const uint4 wq = has_q ? *reinterpret_cast<const uint4*>(p.q_a_norm + 8 * t) : make_uint4(0u, 0u, 0u, 0u);
+  const __nv_bfloat162 wkv = *reinterpret_cast<const __nv_bfloat162*>(p.kv_a_norm + 2 * t);
   grid_dependency_wait();
   const __nv_bfloat16* x = p.projected + int64_t(row) * p.stride_projected_row;
-  // q_a: columns 8t .. 8t+7 for t < 192 (threads 192..255 idle); kv_a: 2t, 2t+1.
-  const int t = threadIdx.x;
-  float f[8] = {};
-  if (t < kQLoraRank / 8) unpack8(*reinterpret_cast<const uint4*>(x + kProjectedQaOffset + 8 * t), f);
-  float ss = 0.f;
+  const int64_t slot = p.slots[row];
+  const uint4 xq = has_q ? *reinterpret_cast<const uint4*>(x + kProjectedQaOffset + 8 * t) : make_uint4(0u, 0u, 0u, 0u);
+  const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(x + kProjectedKvaOffset + 2 * t);
+  const __nv_bfloat162 kpe = t < kRopeDim / 2 ? *reinterpret_cast<const __nv_bfloat162*>(x + kProjectedKpeOffset + 2 * t)
+                                              : __nv_bfloat162{};
+  float f[8];
+  unpack8(xq, f);
+  float ss_q = 0.f;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-  const float inv_rms_q = rsqrtf(block_sum_256(ss, scratch[0]) / float(kQLoraRank) + p.rms_eps);
-  if (t < kQLoraRank / 8) {
+  for (int e = 0; e < 8; ++e) ss_q += f[e] * f[e];
+  const float k0 = __low2float(kv), k1 = __high2float(kv);
+  const float2 sums = block_sum2_256(ss_q, k0 * k0 + k1 * k1, scratch);
+  if (has_q) {
+    const float inv_rms_q = rsqrtf(sums.x / float(kQLoraRank) + p.rms_eps);
     float w[8];
-    unpack8(*reinterpret_cast<const uint4*>(p.q_a_norm + 8 * t), w);
+    unpack8(wq, w);
     uint4 out;
     out.x = pack_bf16x2(f[0] * inv_rms_q * w[0], f[1] * inv_rms_q * w[1]);
     out.y = pack_bf16x2(f[2] * inv_rms_q * w[2], f[3] * inv_rms_q * w[3]);
@@ -59,21 +76,16 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
     *reinterpret_cast<uint4*>(qn + int64_t(row) * kQLoraRank + 8 * t) = out;
   }
 
-  const int64_t slot = p.slots[row];
   if (slot < 0 || slot / kPageSize >= p.num_cache_pages) return;  // uniform over the CTA
-  const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(x + kProjectedKvaOffset + 2 * t);
-  const float k0 = __low2float(kv), k1 = __high2float(kv);
-  const float inv_rms_kv = rsqrtf(block_sum_256(k0 * k0 + k1 * k1, scratch[1]) / float(kKvLoraRank) + p.rms_eps);
-  const __nv_bfloat162 wkv = *reinterpret_cast<const __nv_bfloat162*>(p.kv_a_norm + 2 * t);
+  const float inv_rms_kv = rsqrtf(sums.y / float(kKvLoraRank) + p.rms_eps);
   // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
   const float y0 = __bfloat162float(__float2bfloat16_rn(k0 * inv_rms_kv * __low2float(wkv))) * p.inv_k_scale;
   const float y1 = __bfloat162float(__float2bfloat16_rn(k1 * inv_rms_kv * __high2float(wkv))) * p.inv_k_scale;
   uint8_t* dst = p.cache + (slot / kPageSize) * p.stride_cache_page + (slot % kPageSize) * kKeyDim;
   *reinterpret_cast<uint16_t*>(dst + 2 * t) = e4m3x2(y0, y1);
   if (t < kRopeDim / 2) {
-    const __nv_bfloat162 k = *reinterpret_cast<const __nv_bfloat162*>(x + kProjectedKpeOffset + 2 * t);
     *reinterpret_cast<uint16_t*>(dst + kKvLoraRank + 2 * t) =
-        e4m3x2(__low2float(k) * p.inv_k_scale, __high2float(k) * p.inv_k_scale);
+        e4m3x2(__low2float(kpe) * p.inv_k_scale, __high2float(kpe) * p.inv_k_scale);
   }
 }
 
