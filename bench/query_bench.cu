@@ -7,6 +7,9 @@
 //   query_bench --sweep            then, for every shape of the table: the fused kernel at every
 //                                  cluster size (the planned row tile; also every tile of at most four a head at
 //                                  9-63 rows, 32 and 64 from 64 rows up), and the GEMM path
+//   query_bench --gemm-algos       then, per shape: the GEMM path, its q_b_proj GEMM alone (cublasGemmEx as the path
+//                                  calls it) and every algorithm cublasLt's heuristic offers for that GEMM
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -182,10 +185,63 @@ float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
   }, kLaunchesPerGraph, kReplays);
 }
 
+// --gemm-algos: the GEMM path's q_b_proj GEMM alone, as launch_gemm calls it (cublasGemmEx, CUBLAS_GEMM_DEFAULT), and
+// every algorithm cublasLt's heuristic returns for it (up to 16, within the path's 32 MiB of cuBLAS workspace), each
+// timed like the stage (weight sets rotated). Says whether the default algorithm leaves bandwidth on the table.
+void gemm_algos(Problem& p, void* workspace, cublasHandle_t cublas, cudaStream_t stream) {
+  const int m = p.H * kQkHeadDim, n = p.rows, k = kQLoraRank;
+  const double gemm_bytes = double(m) * k * 2 + double(n) * k * 2 + double(m) * n * 2;
+  const size_t lt_workspace_bytes = size_t(32) << 20;
+  const float alpha = 1.f, beta = 0.f;
+  fill_random_bf16<<<256, 256, 0, stream>>>(p.qn, size_t(n) * k, 7, 2.f);  // not zeros: they multiply faster
+  MLA_CUDA_CHECK_LAUNCH();
+  const float by_default = timing::time_graph_us(stream, [&](int i) {
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, p.q_b_proj[i % p.num_sets], CUDA_R_16BF,
+                              k, p.qn, CUDA_R_16BF, k, &beta, p.q, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  }, kLaunchesPerGraph, kReplays);
+  std::printf("  cublasGemmEx default %.2f µs (%.0f GB/s)", by_default, gemm_bytes / (by_default * 1e-6) / 1e9);
+
+  cublasLtHandle_t lt;
+  CUBLAS_CHECK(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t desc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
+  cublasLtMatrixLayout_t a_layout, b_layout, c_layout;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, k, m, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, k, n, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout, CUDA_R_16BF, m, n, m));
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_workspace_bytes,
+                                                    sizeof lt_workspace_bytes));
+  constexpr int kMaxAlgos = 16;
+  cublasLtMatmulHeuristicResult_t results[kMaxAlgos];
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a_layout, b_layout, c_layout, c_layout, pref, kMaxAlgos, results,
+                                              &found));
+  for (int a = 0; a < found; ++a) {
+    const float us = timing::time_graph_us(stream, [&](int i) {
+      CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, p.q_b_proj[i % p.num_sets], a_layout, p.qn, b_layout, &beta, p.q,
+                                  c_layout, p.q, c_layout, &results[a].algo, workspace, lt_workspace_bytes, stream));
+    }, kLaunchesPerGraph, kReplays);
+    std::printf(" | lt%d %.2f", a, us);
+  }
+  std::printf("\n");
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a_layout));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b_layout));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c_layout));
+  CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+  CUBLAS_CHECK(cublasLtDestroy(lt));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false, timeline = false;
+  bool sweep = false, timeline = false, algos = false;
   std::vector<int> heads = {12, 16, 64, 96, 128}, row_counts = {1, 4, 16, 64, 256};
   std::vector<int> chosen_heads, chosen_rows;  // --heads / --rows: these only (e.g. one shape under ncu)
   for (int i = 1; i < argc; ++i) {
@@ -200,15 +256,18 @@ int main(int argc, char** argv) {
       ++i;
     } else if (!std::strcmp(argv[i], "--sweep")) {
       sweep = true;
+    } else if (!std::strcmp(argv[i], "--gemm-algos")) {
+      algos = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
       if (!mla::bench::timeline_build("query_bench")) return 2;
       timeline = true;
     } else {
       std::printf(
-          "usage: query_bench [--heads H]... [--rows R]... [--sweep] [--timeline]\n"
+          "usage: query_bench [--heads H]... [--rows R]... [--sweep] [--gemm-algos] [--timeline]\n"
           "  --heads H   only H heads (repeatable; default 12 16 64 96 128)\n"
           "  --rows R    only R rows (repeatable; default 1 4 16 64 256)\n"
           "  --sweep     also time every fused cluster size and row tile, and the GEMM path, per shape\n"
+          "  --gemm-algos  also time the GEMM path's q_b_proj GEMM alone and every cublasLt algorithm for it, per shape\n"
           "  --timeline  per-CTA phase times of the fused kernel after each of its lines (an -DMLA_TIMELINE=ON build)\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
@@ -286,6 +345,20 @@ int main(int argc, char** argv) {
         const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2});
         if (gemm.workspace_bytes <= kWorkspaceBytes) std::printf("  gemm %.2f", time_query(p, gemm, workspace, cublas_ours, stream));
         std::printf("\n");
+        std::fflush(stdout);
+        free_problem(p);
+      }
+    }
+  }
+
+  if (algos) {
+    std::printf("\n## the GEMM path and its q_b_proj GEMM alone (µs; GB/s over the GEMM's operands)\n");
+    for (int H : heads) {
+      for (int rows : row_counts) {
+        Problem p = make_problem(rows, H, stream);
+        const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2});
+        std::printf("H=%3d rows=%3d: path %.2f", H, rows, time_query(p, gemm, workspace, cublas_ours, stream));
+        gemm_algos(p, workspace, cublas, stream);
         std::fflush(stdout);
         free_problem(p);
       }
