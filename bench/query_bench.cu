@@ -145,16 +145,21 @@ float time_query(Problem& p, const query::QueryPlan& plan, void* workspace, cubl
   }, kLaunchesPerGraph, kReplays);
 }
 
-// --timeline (an MLA_TIMELINE build): six back-to-back PDL launches of the fused kernel, each with its
-// own stamps, and the per-phase report of the last five (common/timeline.cuh).
-std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_t stream) {
+// --timeline (an MLA_TIMELINE build): six back-to-back PDL launches of the stage, each with its own stamps. The fused
+// kernel: the per-phase report of the last five (common/timeline.cuh). The GEMM path: per launch the norm kernel's
+// span, the gap to the absorb kernel's first CTA (the cuBLAS GEMM and two launches) and the absorb kernel's span,
+// then both kernels' phases in the last launch.
+std::string stage_timeline(Problem& p, const query::QueryPlan& plan, void* workspace, cublasHandle_t cublas,
+                           cudaStream_t stream) {
   constexpr int kLaunches = 6;
-  const int ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
+  const int ctas = query::timeline_ctas(plan);
   const size_t per_launch = size_t(ctas) * timeline::kMaxMarks;
   uint64_t* stamps = device_alloc<uint64_t>(per_launch * kLaunches);
   MLA_CUDA_CHECK(cudaMemsetAsync(stamps, 0, per_launch * kLaunches * sizeof(uint64_t), stream));
   for (int i = 0; i < kLaunches; ++i) {
     query::QueryArgs a = query_args(p, i);
+    a.workspace = workspace;
+    a.cublas = cublas;
     a.timeline = stamps + i * per_launch;
     query::launch_query(plan, a, stream, true);
   }
@@ -162,8 +167,34 @@ std::string fused_timeline(Problem& p, const query::QueryPlan& plan, cudaStream_
   MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
   MLA_CUDA_CHECK(cudaFree(stamps));
-  return bench::timeline_report(host, kLaunches, ctas,
-                                std::vector<std::string>(std::begin(query::kQueryMarkNames), std::end(query::kQueryMarkNames)));
+  if (plan.path == query::QueryPath::kFused) {
+    return bench::timeline_report(host, kLaunches, ctas,
+                                  std::vector<std::string>(std::begin(query::kQueryMarkNames), std::end(query::kQueryMarkNames)));
+  }
+  const int norm_ctas = int(plan.rows), absorb_ctas = ctas - norm_ctas;
+  const std::vector<std::string> norm_names(std::begin(query::kNormMarkNames), std::end(query::kNormMarkNames));
+  const std::vector<std::string> absorb_names(std::begin(query::kAbsorbMarkNames), std::end(query::kAbsorbMarkNames));
+  auto norm_at = [&](int l) { return bench::LaunchStamps{host.data() + l * per_launch, norm_ctas, &norm_names}; };
+  auto absorb_at = [&](int l) {
+    return bench::LaunchStamps{host.data() + l * per_launch + size_t(norm_ctas) * timeline::kMaxMarks, absorb_ctas,
+                               &absorb_names};
+  };
+  std::string out;
+  char line[256];
+  for (int l = 1; l < kLaunches; ++l) {
+    const double norm_start = norm_at(l).first_start(), norm_end = norm_at(l).last_end();
+    const double absorb_start = absorb_at(l).first_start(), absorb_end = absorb_at(l).last_end();
+    std::snprintf(line, sizeof line,
+                  "  launch %d: norm kernel %.2f us after the previous absorb's last CTA, span %.2f us; absorb kernel "
+                  "%.2f us after it (the cuBLAS GEMM), span %.2f us; chain %.2f us\n",
+                  l, (norm_start - absorb_at(l - 1).last_end()) / 1e3, (norm_end - norm_start) / 1e3,
+                  (absorb_start - norm_end) / 1e3, (absorb_end - absorb_start) / 1e3, (absorb_end - norm_start) / 1e3);
+    out += line;
+  }
+  out += "   norm kernel phases (the last launch; since the CTA's previous mark):\n" +
+         bench::phase_report(norm_at(kLaunches - 1));
+  out += "   absorb kernel phases:\n" + bench::phase_report(absorb_at(kLaunches - 1));
+  return out;
 }
 
 float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
@@ -268,7 +299,7 @@ int main(int argc, char** argv) {
           "  --rows R    only R rows (repeatable; default 1 4 16 64 256)\n"
           "  --sweep     also time every fused cluster size and row tile, and the GEMM path, per shape\n"
           "  --gemm-algos  also time the GEMM path's q_b_proj GEMM alone and every cublasLt algorithm for it, per shape\n"
-          "  --timeline  per-CTA phase times of the fused kernel after each of its lines (an -DMLA_TIMELINE=ON build)\n");
+          "  --timeline  per-CTA phase times of the stage's kernels after each line (an -DMLA_TIMELINE=ON build)\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
     }
   }
@@ -311,7 +342,7 @@ int main(int argc, char** argv) {
       }
       std::printf("| %d | %d | %.2f | %.0f | %.0f%% | %.1f | %.2f | %.2fx | %s |\n", H, rows, fused, gbs,
                   100.0 * gbs / ceil.copy_gbs, p.flops() / (fused * 1e-6) / 1e12, stock, stock / fused, how);
-      if (timeline && plan.path == query::QueryPath::kFused) std::printf("%s", fused_timeline(p, plan, stream).c_str());
+      if (timeline) std::printf("%s", stage_timeline(p, plan, workspace, cublas_ours, stream).c_str());
       std::fflush(stdout);
       free_problem(p);
     }

@@ -67,6 +67,29 @@ inline constexpr const char* kQueryMarkNames[kNumQueryMarks] = {
     "end"};
 static_assert(kQueryMarkNames[kNumQueryMarks - 1] != nullptr, "one name per QueryMark");
 
+// The GEMM path's timeline marks (MLA_TIMELINE builds), in one stamps buffer: the norm kernel's CTAs (one a row)
+// first, then the absorb kernel's (timeline_ctas, launch.h). The cuBLAS GEMM between them records nothing: in a report
+// it is the gap from the norm kernel's last CTA to the absorb kernel's first.
+enum GemmNormMark : int {
+  kNormMarkStart,   // kernel entry
+  kNormMarkWaited,  // griddepcontrol.wait returned (the norm weights were asked for before it)
+  kNormMarkSummed,  // both sums of squares are reduced (the row's loads have landed)
+  kNormMarkEnd,     // qn and the cache row are stored
+  kNumNormMarks
+};
+inline constexpr const char* kNormMarkNames[kNumNormMarks] = {"start", "waited", "summed", "end"};
+enum GemmAbsorbMark : int {
+  kAbsorbMarkStart,     // kernel entry
+  kAbsorbMarkWaited,    // griddepcontrol.wait returned (the W_UK_T slice's copies were issued before it)
+  kAbsorbMarkLoaded,    // the W_UK_T slice and the q tile are in shared memory, the rope part is stored
+  kAbsorbMarkComputed,  // ql is staged as e4m3 (every warp)
+  kAbsorbMarkEnd,       // the query stores are issued: dependents are triggered next
+  kNumAbsorbMarks
+};
+inline constexpr const char* kAbsorbMarkNames[kNumAbsorbMarks] = {"start", "waited", "loaded", "computed", "end"};
+static_assert(kNumNormMarks <= timeline::kMaxMarks && kNumAbsorbMarks <= timeline::kMaxMarks,
+              "the timeline holds timeline::kMaxMarks marks a CTA");
+
 struct FusedSmemPlan {
   int row_tile;  // rows per cluster (8 * n-tiles)
   int cluster;   // C: CTAs per cluster (K splits of q_b_proj, column splits of the absorption)

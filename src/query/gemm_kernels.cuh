@@ -14,7 +14,9 @@
 
 #include <cstdint>
 
+#include "common/timeline.cuh"
 #include "mla/dims.h"
+#include "query/config.h"
 #include "query/device_utils.cuh"
 #include "query/params.h"
 
@@ -45,12 +47,14 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
                                                                      __nv_bfloat16* qn) {
   __shared__ float2 scratch[kGemmNormThreads / 32];
   const int row = blockIdx.x;
+  MLA_TIMELINE_MARK(p.timeline, kNormMarkStart);
   // q_a: columns 8t .. 8t+7 for t < 192 (threads 192..255 only norm kv_a); kv_a: 2t, 2t+1; k_pe: 2t, 2t+1 for t < 32.
   const int t = threadIdx.x;
   const bool has_q = t < kQLoraRank / 8;
   const uint4 wq = has_q ? *reinterpret_cast<const uint4*>(p.q_a_norm + 8 * t) : make_uint4(0u, 0u, 0u, 0u);
   const __nv_bfloat162 wkv = *reinterpret_cast<const __nv_bfloat162*>(p.kv_a_norm + 2 * t);
   grid_dependency_wait();
+  MLA_TIMELINE_MARK(p.timeline, kNormMarkWaited);
   const __nv_bfloat16* x = p.projected + int64_t(row) * p.stride_projected_row;
   const int64_t slot = p.slots[row];
   const uint4 xq = has_q ? *reinterpret_cast<const uint4*>(x + kProjectedQaOffset + 8 * t) : make_uint4(0u, 0u, 0u, 0u);
@@ -64,6 +68,7 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
   for (int e = 0; e < 8; ++e) ss_q += f[e] * f[e];
   const float k0 = __low2float(kv), k1 = __high2float(kv);
   const float2 sums = block_sum2_256(ss_q, k0 * k0 + k1 * k1, scratch);
+  MLA_TIMELINE_MARK(p.timeline, kNormMarkSummed);
   if (has_q) {
     const float inv_rms_q = rsqrtf(sums.x / float(kQLoraRank) + p.rms_eps);
     float w[8];
@@ -76,7 +81,10 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
     *reinterpret_cast<uint4*>(qn + int64_t(row) * kQLoraRank + 8 * t) = out;
   }
 
-  if (slot < 0 || slot / kPageSize >= p.num_cache_pages) return;  // uniform over the CTA
+  if (slot < 0 || slot / kPageSize >= p.num_cache_pages) {  // uniform over the CTA
+    MLA_TIMELINE_MARK(p.timeline, kNormMarkEnd);
+    return;
+  }
   const float inv_rms_kv = rsqrtf(sums.y / float(kKvLoraRank) + p.rms_eps);
   // kvn = bf16(kv_a * inv_rms * w), then e4m3(kvn * inv_k_scale).
   const float y0 = __bfloat162float(__float2bfloat16_rn(k0 * inv_rms_kv * __low2float(wkv))) * p.inv_k_scale;
@@ -87,6 +95,7 @@ __global__ void __launch_bounds__(kGemmNormThreads) gemm_norm_kernel(const __gri
     *reinterpret_cast<uint16_t*>(dst + kKvLoraRank + 2 * t) =
         e4m3x2(__low2float(kpe) * p.inv_k_scale, __high2float(kpe) * p.inv_k_scale);
   }
+  MLA_TIMELINE_MARK(p.timeline, kNormMarkEnd);
 }
 
 // ---- gemm_absorb_kernel: ql = q_nope . W_UK_T[h] on mma.sync, e4m3 straight from the fp32 accumulators
@@ -120,6 +129,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
   const int col0 = blockIdx.x * kAbsorbCols, row0 = blockIdx.y * kAbsorbRowTile, head = blockIdx.z;
   const int rows_here = min(kAbsorbRowTile, p.num_rows - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  MLA_TIMELINE_MARK(p.timeline, kAbsorbMarkStart);
 
   // W_UK_T[h][k][col0 .. col0 + 128): 128 rows of 16 16-byte chunks (independent of the producer).
   constexpr int kChunksPerRow = kAbsorbCols / 8;
@@ -129,6 +139,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
     cp_async_16(s_w + k * kAbsorbWStride + c, w + int64_t(k) * kKvLoraRank + c);
   }
   grid_dependency_wait();  // q is the q_b_proj GEMM's output
+  MLA_TIMELINE_MARK(p.timeline, kAbsorbMarkWaited);
   constexpr int kQChunksPerRow = kNopeDim / 8;
   for (int i = threadIdx.x; i < kAbsorbRowTile * kQChunksPerRow; i += kAbsorbThreads) {
     const int r = i / kQChunksPerRow, c = (i % kQChunksPerRow) * 8;
@@ -152,6 +163,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
   }
   cp_async_wait_all();
   __syncthreads();
+  MLA_TIMELINE_MARK(p.timeline, kAbsorbMarkLoaded);
 
   // ql[rows, 16 columns of this warp], K = 128: A = W columns (ldmatrix.trans), B = q rows.
   constexpr int kNTiles = kAbsorbRowTile / 8;
@@ -174,6 +186,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
   for (int nt = 0; nt < kNTiles; ++nt)
     stage_e4m3_fragment(s_out, kAbsorbOutStride, nt * 8, warp * 16, acc[nt], p.inv_q_scale, g, t);
   __syncthreads();
+  MLA_TIMELINE_MARK(p.timeline, kAbsorbMarkComputed);
   constexpr int kVecsPerRow = kAbsorbCols / 16;
   for (int i = threadIdx.x; i < rows_here * kVecsPerRow; i += kAbsorbThreads) {
     const int r = i / kVecsPerRow, v = i % kVecsPerRow;
@@ -181,6 +194,7 @@ __global__ void __launch_bounds__(kAbsorbThreads) gemm_absorb_kernel(const __gri
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(s_out + r * kAbsorbOutStride + v * 16);
   }
   __syncthreads();  // every store of the CTA issued before the trigger
+  MLA_TIMELINE_MARK(p.timeline, kAbsorbMarkEnd);
   trigger_dependents();
 }
 

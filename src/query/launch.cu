@@ -242,10 +242,17 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
   absorb.stream = stream;
   absorb.attrs = attr;
   absorb.numAttrs = 1;  // always a programmatic dependent of the GEMM: its W_UK slice loads overlap the GEMM's tail
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, gemm_absorb_kernel, p, static_cast<const __nv_bfloat16*>(q)));
+  QueryParams absorb_params = p;  // its timeline stamps follow the norm kernel's (timeline_ctas)
+  if (p.timeline != nullptr) absorb_params.timeline = p.timeline + plan.rows * timeline::kMaxMarks;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, gemm_absorb_kernel, absorb_params, static_cast<const __nv_bfloat16*>(q)));
 }
 
 }  // namespace
+
+int timeline_ctas(const QueryPlan& plan) {
+  const int grid_ctas = int(plan.grid.x * plan.grid.y * plan.grid.z);
+  return plan.path == QueryPath::kGemm ? int(plan.rows) + grid_ctas : grid_ctas;
+}
 
 std::string QueryPlan::describe() const {
   std::ostringstream s;
@@ -352,8 +359,6 @@ void launch_query(const QueryPlan& plan, const QueryArgs& args, cudaStream_t str
 #if !(defined(MLA_TIMELINE) && MLA_TIMELINE)
   if (args.timeline) throw_bad_argument("timeline", "null (this build has no timeline: -DMLA_TIMELINE=ON)", "a pointer");
 #endif
-  if (args.timeline && plan.path == QueryPath::kGemm)
-    throw_bad_argument("timeline", "null for the GEMM path (only the fused kernel records one)", "a pointer");
   p.timeline = args.timeline;
 
   if (plan.path == QueryPath::kGemm) {

@@ -62,6 +62,10 @@ RopeCtas choose_rope_ctas(int num_heads, int cluster, int row_tiles, int num_sms
 // Sets the kernels' dynamic shared-memory limits (host-side, once).
 QueryPlan make_query_plan(int64_t rows, int num_heads, const QueryPlanOverrides& overrides = {});
 
+// The CTAs a QueryArgs::timeline buffer of this plan must hold ([CTAs, timeline::kMaxMarks] stamps): the fused
+// kernel's grid, or on the GEMM path the norm kernel's CTAs (one a row) and then the absorb kernel's.
+int timeline_ctas(const QueryPlan& plan);
+
 // What one launch reads and writes. Device pointers; see QueryParams for shapes.
 struct QueryArgs {
   const void* projected = nullptr;       // bf16 [rows, pitch]
@@ -82,8 +86,8 @@ struct QueryArgs {
   int64_t num_cache_pages = 0;
   void* workspace = nullptr;             // plan.workspace_bytes (may be null when that is 0)
   cublasHandle_t cublas = nullptr;       // GEMM path: the caller's handle (its stream and workspace are set here)
-  uint64_t* timeline = nullptr;          // fused path of an MLA_TIMELINE build only: [grid CTAs,
-                                         // timeline::kMaxMarks] stamps; null records nothing
+  uint64_t* timeline = nullptr;          // MLA_TIMELINE builds only: [timeline_ctas(plan), timeline::kMaxMarks]
+                                         // stamps (QueryMark, or GemmNormMark then GemmAbsorbMark); null records nothing
 };
 
 // Launches the plan's kernels. With `pdl`, the first is launched as a programmatic dependent of
