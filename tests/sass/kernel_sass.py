@@ -46,10 +46,12 @@ RULES = [
     (r"value_mma_kernel", 2, "the first stages' W_UV chunks (src/value/kernel_mma.cuh)", False),
     (r"fused_query_kernel", 12, "the W_UK slice's cp.async and the q_a_norm weights (src/query/kernel.cuh)", True),
     (r"gemm_norm_kernel", 2, "the q_a_norm and kv_a_norm weights (src/query/gemm_kernels.cuh)", False),
+    (r"gemm_absorb_kernel", 1, "the W_UK_T slice's cp.async (src/query/gemm_kernels.cuh)", False),
 ]
 # Kernels (regex on the demangled name) whose code before the PDL wait never waits for a load issued there (part 1),
 # and the exceptions (demangled, exact) with the reason.
-PREWAIT_NO_LOAD_USE = [r"mla::value::value_kernel<", r"mla::value::value_mma_kernel<", r"mla::query::gemm_norm_kernel"]
+PREWAIT_NO_LOAD_USE = [r"mla::value::value_kernel<", r"mla::value::value_mma_kernel<", r"mla::query::gemm_norm_kernel",
+                       r"mla::query::gemm_absorb_kernel"]
 PREWAIT_LOAD_USE_ALLOWED = {}
 # Kernels (demangled, exact) that use local memory today, and why that is accepted.
 LOCAL_MEMORY_ALLOWED = {
