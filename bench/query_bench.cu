@@ -217,12 +217,14 @@ float time_stock(Problem& p, cublasHandle_t cublas, cudaStream_t stream) {
 }
 
 // --gemm-algos: the GEMM path's q_b_proj GEMM alone, as launch_gemm calls it (cublasGemmEx, CUBLAS_GEMM_DEFAULT), and
-// every algorithm cublasLt's heuristic returns for it (up to 16, within the path's 32 MiB of cuBLAS workspace), each
+// every algorithm cublasLt's heuristic returns for it (up to 16, within the path's cuBLAS workspace), each
 // timed like the stage (weight sets rotated). Says whether the default algorithm leaves bandwidth on the table.
-void gemm_algos(Problem& p, void* workspace, cublasHandle_t cublas, cudaStream_t stream) {
+void gemm_algos(Problem& p, const query::QueryPlan& gemm_plan, void* workspace, cublasHandle_t cublas,
+                cudaStream_t stream) {
   const int m = p.H * kQkHeadDim, n = p.rows, k = kQLoraRank;
   const double gemm_bytes = double(m) * k * 2 + double(n) * k * 2 + double(m) * n * 2;
-  const size_t lt_workspace_bytes = size_t(32) << 20;
+  // The path's workspace starts with cuBLAS's own; qn follows it (QueryPlan::gemm_qn_offset).
+  const size_t lt_workspace_bytes = gemm_plan.gemm_qn_offset;
   const float alpha = 1.f, beta = 0.f;
   fill_random_bf16<<<256, 256, 0, stream>>>(p.qn, size_t(n) * k, 7, 2.f);  // not zeros: they multiply faster
   MLA_CUDA_CHECK_LAUNCH();
@@ -389,7 +391,7 @@ int main(int argc, char** argv) {
         Problem p = make_problem(rows, H, stream);
         const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2});
         std::printf("H=%3d rows=%3d: path %.2f", H, rows, time_query(p, gemm, workspace, cublas_ours, stream));
-        gemm_algos(p, workspace, cublas, stream);
+        gemm_algos(p, gemm, workspace, cublas, stream);
         std::fflush(stdout);
         free_problem(p);
       }
