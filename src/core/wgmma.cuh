@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "common/wgmma.cuh"
 #include "core/config.h"
 #include "core/kernel.cuh"
 #include "core/params.h"
@@ -29,32 +30,16 @@
 namespace mla::core {
 namespace wgmma_detail {
 
-// Shared-memory matrix descriptor (PTX "matrix-descriptor"): start address, leading byte offset 1
-// (unused by the swizzled K-major layouts), stride byte offset = bytes between 8-row groups, layout
-// 1 = 128-byte swizzle (P^T). The base-offset field stays 0: every swizzle atom is aligned to its
-// repeat (1024 B), and a k-step inside an atom only moves the start address.
-inline constexpr uint32_t kSwizzle128 = 1;
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t stride_bytes, uint32_t layout) {
-  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (static_cast<uint64_t>(layout) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// Generic-proxy shared stores (P^T) become visible to wgmma (the async proxy).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The generic wgmma helpers (descriptor, fence / commit / wait, proxy fence, operand pins): common/wgmma.cuh.
+using wgmma::fence_operand;
+using wgmma::fence_proxy_async;
+using wgmma::gmma_desc;
+using wgmma::kSwizzle128;
+using wgmma::wgmma_commit;
+using wgmma::wgmma_fence;
+using wgmma::wgmma_wait;
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// Pins a register's accesses in program order against the wgmma fence / wait (the compiler must not
-// move an accumulator or A-fragment write across them).
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-
-// Waits until at most N committed wgmma groups of this warpgroup are still in flight.
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // D(64 x N) += A(64 x 16) · B(N x 16)^T, f16, A from registers, B from shared memory (K-major).
