@@ -299,7 +299,8 @@ int main(int argc, char** argv) {
           "usage: query_bench [--heads H]... [--rows R]... [--sweep] [--gemm-algos] [--timeline]\n"
           "  --heads H   only H heads (repeatable; default 12 16 64 96 128)\n"
           "  --rows R    only R rows (repeatable; default 1 4 16 64 256)\n"
-          "  --sweep     also time every fused cluster size and row tile, and the GEMM path, per shape\n"
+          "  --sweep     also time every fused cluster size and row tile, and the GEMM path at each absorb\n"
+          "              row tile (32, 64, 128), per shape\n"
           "  --gemm-algos  also time the GEMM path's q_b_proj GEMM alone and every cublasLt algorithm for it, per shape\n"
           "  --timeline  per-CTA phase times of the stage's kernels after each line (an -DMLA_TIMELINE=ON build)\n");
       return std::strcmp(argv[i], "--help") ? 2 : 0;
@@ -337,7 +338,7 @@ int main(int argc, char** argv) {
       const double gbs = p.must_move_bytes() / (fused * 1e-6) / 1e9;
       char how[96];
       if (plan.path == query::QueryPath::kGemm) {
-        std::snprintf(how, sizeof how, "GEMM path");
+        std::snprintf(how, sizeof how, "GEMM path T=%d", plan.absorb_row_tile);
       } else {
         std::snprintf(how, sizeof how, "fused R=%d C=%d grid=%ux%ux%u", plan.row_tile, plan.cluster_size, plan.grid.x,
                       plan.grid.y, plan.grid.z);
@@ -375,8 +376,13 @@ int main(int argc, char** argv) {
             std::printf("  R%d/C%d %.2f", row_tile, cluster, time_query(p, plan, workspace, cublas_ours, stream));
           }
         }
-        const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2});
-        if (gemm.workspace_bytes <= kWorkspaceBytes) std::printf("  gemm %.2f", time_query(p, gemm, workspace, cublas_ours, stream));
+        const int planned_absorb_tile = query::make_query_plan(rows, H, {.path = 2}).absorb_row_tile;
+        for (int tile : {32, 64, 128}) {  // the GEMM path at each absorb row tile (* = planned)
+          const query::QueryPlan gemm = query::make_query_plan(rows, H, {.path = 2, .absorb_row_tile = tile});
+          if (gemm.workspace_bytes > kWorkspaceBytes) continue;
+          std::printf("  gemm/T%d%s %.2f", tile, tile == planned_absorb_tile ? "*" : "",
+                      time_query(p, gemm, workspace, cublas_ours, stream));
+        }
         std::printf("\n");
         std::fflush(stdout);
         free_problem(p);

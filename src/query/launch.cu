@@ -141,6 +141,8 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
     throw_bad_argument("cluster_size", "1, 2, 3, 4, 6 or 8", std::to_string(overrides.cluster_size));
   if (overrides.no_rope_ctas != 0 && overrides.no_rope_ctas != 1)
     throw_bad_argument("no_rope_ctas", "0 or 1", std::to_string(overrides.no_rope_ctas));
+  if (overrides.absorb_row_tile)
+    throw_bad_argument("absorb_row_tile", "0 for the fused path", std::to_string(overrides.absorb_row_tile));
   const int num_sms = num_sms_of_device();
   plan.row_tile = overrides.row_tile ? overrides.row_tile : (rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 64 ? 32 : 64);
   if (!overrides.row_tile && eight_row_tiles_get_large_clusters(rows, plan.num_heads, num_sms)) plan.row_tile = 8;
@@ -189,17 +191,26 @@ void plan_fused(QueryPlan& plan, const QueryPlanOverrides& overrides) {
 inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
+using AbsorbKernel = void (*)(QueryParams, const __nv_bfloat16*);
+AbsorbKernel absorb_kernel_of(int row_tile) {
+  return row_tile == 32 ? gemm_absorb_kernel<32> : row_tile == 128 ? gemm_absorb_kernel<128> : gemm_absorb_kernel<64>;
+}
+
 void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   if (overrides.cluster_size || overrides.store_q || overrides.row_tile || overrides.no_rope_ctas)
     throw_bad_argument("cluster_size/store_q/row_tile/no_rope_ctas", "0 for the GEMM path",
                        std::to_string(overrides.cluster_size) + "/" + std::to_string(overrides.store_q) + "/" +
                            std::to_string(overrides.row_tile) + "/" + std::to_string(overrides.no_rope_ctas));
+  const int tile = overrides.absorb_row_tile;
+  if (tile != 0 && tile != 32 && tile != 64 && tile != 128)
+    throw_bad_argument("absorb_row_tile", "0 (planner), 32, 64 or 128", std::to_string(tile));
   plan.path = QueryPath::kGemm;
-  plan.grid = dim3(unsigned(kKvLoraRank / kAbsorbCols), unsigned((plan.rows + kAbsorbRowTile - 1) / kAbsorbRowTile),
-                   unsigned(plan.num_heads));
-  plan.smem_bytes = kAbsorbSmemBytes;
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(gemm_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kAbsorbSmemBytes)));
+  plan.absorb_row_tile = tile ? tile : 64;
+  plan.grid = dim3(unsigned(kKvLoraRank / kAbsorbCols),
+                   unsigned((plan.rows + plan.absorb_row_tile - 1) / plan.absorb_row_tile), unsigned(plan.num_heads));
+  plan.smem_bytes = absorb_smem_bytes(plan.absorb_row_tile);
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(absorb_kernel_of(plan.absorb_row_tile),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem_bytes)));
   plan.gemm_qn_offset = kCublasWorkspaceBytes;
   plan.gemm_q_offset = plan.gemm_qn_offset + align256(size_t(plan.rows) * kQLoraRank * 2);
   plan.workspace_bytes = plan.gemm_q_offset + size_t(plan.rows) * plan.num_heads * kQkHeadDim * 2;
@@ -244,7 +255,8 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
   absorb.numAttrs = 1;  // always a programmatic dependent of the GEMM: its W_UK slice loads overlap the GEMM's tail
   QueryParams absorb_params = p;  // its timeline stamps follow the norm kernel's (timeline_ctas)
   if (p.timeline != nullptr) absorb_params.timeline = p.timeline + plan.rows * timeline::kMaxMarks;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, gemm_absorb_kernel, absorb_params, static_cast<const __nv_bfloat16*>(q)));
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, absorb_kernel_of(plan.absorb_row_tile), absorb_params,
+                                    static_cast<const __nv_bfloat16*>(q)));
 }
 
 }  // namespace
@@ -257,8 +269,8 @@ int timeline_ctas(const QueryPlan& plan) {
 std::string QueryPlan::describe() const {
   std::ostringstream s;
   if (path == QueryPath::kGemm) {
-    s << "rows=" << rows << " H=" << num_heads << " gemm (norm kernel, cuBLAS q_b_proj, absorb kernel) workspace="
-      << workspace_bytes;
+    s << "rows=" << rows << " H=" << num_heads << " gemm (norm kernel, cuBLAS q_b_proj, absorb kernel of " << absorb_row_tile
+      << "-row tiles) workspace=" << workspace_bytes;
     return s.str();
   }
   s << "rows=" << rows << " H=" << num_heads << " fused row_tile=" << row_tile << " cluster=" << cluster_size

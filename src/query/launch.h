@@ -23,6 +23,7 @@ struct QueryPlanOverrides {
   int store_q = 0;       // fused: 1 = store the fp32 q (before its bf16 rounding) in the workspace (tests)
   int row_tile = 0;      // fused: rows per cluster: 8, 16, 32 or 64
   int no_rope_ctas = 0;  // fused: 1 = no rope CTAs even where the planner would add them (QueryPlan.rope_ctas)
+  int absorb_row_tile = 0;  // GEMM: the absorb kernel's rows a CTA: 32, 64 or 128 (QueryPlan.absorb_row_tile)
 };
 
 enum class QueryPath { kFused = 1, kGemm = 2 };
@@ -37,6 +38,7 @@ struct QueryPlan {
   int cluster_size = 1;  // C
   int rope_ctas = 0;           // fused, C = 1, one row tile: CTAs past the H head CTAs that project the heads'
   int rope_tiles_per_cta = 0;  //   rope features, this many 16-feature tiles each (kernel.cuh); 0 = none
+  int absorb_row_tile = 0;     // GEMM path: the absorb kernel's rows a CTA (32, 64 or 128; the planner: 64)
   dim3 grid;
   size_t smem_bytes = 0;
   // Fused: 0, or with store_q the fp32 q [rows, H*192]. GEMM path: the cuBLAS workspace, then qn

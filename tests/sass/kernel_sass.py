@@ -74,9 +74,13 @@ REGISTER_CAPS = {
     "void mla::core::core_combine_kernel<0>(mla::core::CombineParams)":
         (64, "two 512-thread CTAs an SM (one request, G = 16 warps an entry: 192 CTAs at q4 x H12, one wave); at 80 "
              "registers it held one and 1 x 4k x 12 x q4 cores measured 0.895x (bench/results/branches.md)"),
-    "mla::query::gemm_absorb_kernel(mla::query::QueryParams, __nv_bfloat16 const*)":
+    "void mla::query::gemm_absorb_kernel<64>(mla::query::QueryParams, __nv_bfloat16 const*)":
         (80, "three 256-thread CTAs an SM, as on mma.sync (its 3-CTA launch bound: past it ptxas spills; all eight k "
              "steps' A fragments at once took 90 registers)"),
+    "void mla::query::gemm_absorb_kernel<32>(mla::query::QueryParams, __nv_bfloat16 const*)":
+        (80, "three 256-thread CTAs an SM at least (its launch bound)"),
+    "void mla::query::gemm_absorb_kernel<128>(mla::query::QueryParams, __nv_bfloat16 const*)":
+        (128, "two 256-thread CTAs an SM (its launch bound: 64 accumulators a thread)"),
 }
 RESOURCES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+)")
 LOAD = re.compile(r"(LDG|LDGSTS)(\.|$)")

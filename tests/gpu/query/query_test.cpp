@@ -584,6 +584,25 @@ TEST(Query, EveryRowTileAndClusterSizeGivesTheSameBytes) {
   run_case(Case{16, 12});
 }
 
+// The GEMM path's absorb kernel at each row tile (QueryPlan.absorb_row_tile: 32, 64, 128 rows, wgmma N): partial
+// last tiles, one row, and a head offset into a wider query.
+TEST(Query, EveryAbsorbRowTileGivesTheSameBytes) {
+  MLA_REQUIRE_GPU();
+  for (int tile : {32, 64, 128}) {
+    for (const auto& [H, rows] : {std::pair{8, 161}, std::pair{16, 1}}) {
+      Case c{H, rows};
+      c.max_checked_rows = std::max(2, 768 / H);
+      c.overrides.path = 2;
+      c.overrides.absorb_row_tile = tile;
+      run_case(c);
+    }
+    Case c{12, 70, /*head_offset=*/12, /*extra_heads=*/24};
+    c.overrides.path = 2;
+    c.overrides.absorb_row_tile = tile;
+    run_case(c);
+  }
+}
+
 // Rope CTAs (C = 1, one row tile, spare SMs: QueryPlan.rope_ctas): both row tiles, a partial last rope CTA,
 // against the reference and with the rope CTAs turned off.
 TEST(Query, RopeCtasGiveTheSameBytes) {
@@ -614,6 +633,8 @@ TEST(Query, RejectsBadShapes) {
   EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .cluster_size = 2}), Error);  // a fused option
   EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .no_rope_ctas = 1}), Error);   // likewise
   EXPECT_THROW(query::make_query_plan(4, 96, {.no_rope_ctas = 2}), Error);
+  EXPECT_THROW(query::make_query_plan(128, 12, {.path = 2, .absorb_row_tile = 16}), Error);
+  EXPECT_THROW(query::make_query_plan(4, 12, {.path = 1, .absorb_row_tile = 64}), Error);  // a GEMM option
 }
 
 TEST(Query, GemmPathWithoutCublasHandleThrows) {
