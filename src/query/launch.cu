@@ -196,6 +196,26 @@ AbsorbKernel absorb_kernel_of(int row_tile) {
   return row_tile == 32 ? gemm_absorb_kernel<32> : row_tile == 128 ? gemm_absorb_kernel<128> : gemm_absorb_kernel<64>;
 }
 
+// The absorb kernel's row tile: the fewest waves of one CTA an SM (4 column slices x row tiles x H CTAs), the smaller
+// tile on a tie (less padding; 32 and 64 run three CTAs an SM, 128 two).
+// NOTE: chosen by measurement (H100 2026-12-07 ~15:00 UTC, `query_bench --sweep`, bench/results/query.md): the rule
+// picks the fastest of the three tiles at all 25 shapes of H {12, 16, 64, 96, 128} x rows {33, 64, 128, 256, 512}:
+// 32 at H 12 / 16 x 33-64 rows (2.5-5 % faster than 64), 128 from 256 rows and at H >= 64 x 128 rows (up to 16 % at
+// H 16 x 512, 4-9 % at H 64-128 x 128-512), 64 elsewhere.
+int choose_absorb_row_tile(int64_t rows, int num_heads, int num_sms) {
+  int best_tile = 0;
+  int64_t best_waves = 0;
+  for (const int tile : {32, 64, 128}) {
+    const int64_t ctas = int64_t{kKvLoraRank / kAbsorbCols} * ((rows + tile - 1) / tile) * num_heads;
+    const int64_t waves = (ctas + num_sms - 1) / num_sms;
+    if (best_tile == 0 || waves < best_waves) {
+      best_tile = tile;
+      best_waves = waves;
+    }
+  }
+  return best_tile;
+}
+
 void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   if (overrides.cluster_size || overrides.store_q || overrides.row_tile || overrides.no_rope_ctas)
     throw_bad_argument("cluster_size/store_q/row_tile/no_rope_ctas", "0 for the GEMM path",
@@ -205,7 +225,7 @@ void plan_gemm(QueryPlan& plan, const QueryPlanOverrides& overrides) {
   if (tile != 0 && tile != 32 && tile != 64 && tile != 128)
     throw_bad_argument("absorb_row_tile", "0 (planner), 32, 64 or 128", std::to_string(tile));
   plan.path = QueryPath::kGemm;
-  plan.absorb_row_tile = tile ? tile : 64;
+  plan.absorb_row_tile = tile ? tile : choose_absorb_row_tile(plan.rows, plan.num_heads, num_sms_of_device());
   plan.grid = dim3(unsigned(kKvLoraRank / kAbsorbCols),
                    unsigned((plan.rows + plan.absorb_row_tile - 1) / plan.absorb_row_tile), unsigned(plan.num_heads));
   plan.smem_bytes = absorb_smem_bytes(plan.absorb_row_tile);

@@ -38,7 +38,7 @@ struct QueryPlan {
   int cluster_size = 1;  // C
   int rope_ctas = 0;           // fused, C = 1, one row tile: CTAs past the H head CTAs that project the heads'
   int rope_tiles_per_cta = 0;  //   rope features, this many 16-feature tiles each (kernel.cuh); 0 = none
-  int absorb_row_tile = 0;     // GEMM path: the absorb kernel's rows a CTA (32, 64 or 128; the planner: 64)
+  int absorb_row_tile = 0;     // GEMM path: the absorb kernel's rows a CTA (32, 64 or 128: the fewest waves, launch.cu)
   dim3 grid;
   size_t smem_bytes = 0;
   // Fused: 0, or with store_q the fp32 q [rows, H*192]. GEMM path: the cuBLAS workspace, then qn

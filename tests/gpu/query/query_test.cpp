@@ -659,7 +659,7 @@ TEST(Query, GemmPathWithoutCublasHandleThrows) {
 // (clusters of 3 and more within 3/4 of the SMs; 4 only above 16-row tiles, 8 not at 16-row tiles), else the smallest
 // that holds the tile; at 8-row tiles from 48 heads one CTA a head (with rope CTAs) instead of pairs; two 8-row tiles
 // at 13-16 rows where they get clusters; at 17-32 rows 8-row tiles with clusters of 3 or more, or one 32-row tile of
-// pairs from 48 heads up to one wave, else the GEMM path, which takes every plan from 33 rows.
+// pairs from 48 heads up to one wave, else the GEMM path, which takes every plan from 33 rows; its absorb row tile.
 TEST(Query, PlanFollowsTheMeasuredRule) {
   MLA_REQUIRE_GPU();
   int sms = 0;
@@ -686,6 +686,15 @@ TEST(Query, PlanFollowsTheMeasuredRule) {
                                     std::pair{32, 47}, std::pair{17, 67}, std::pair{32, 128}, std::pair{256, 12},
                                     std::pair{512, 128}}) {
     EXPECT_EQ(query::make_query_plan(rows, heads).path, query::QueryPath::kGemm) << rows << " rows, H=" << heads;
+  }
+  // The GEMM path's absorb row tile: the fewest waves of one CTA an SM, the smaller tile on a tie.
+  struct WantTile { int rows, heads, tile; };
+  for (const WantTile& w : {WantTile{33, 12, 32}, WantTile{64, 16, 32}, WantTile{128, 12, 64}, WantTile{128, 16, 64},
+                            WantTile{256, 12, 128}, WantTile{512, 16, 128}, WantTile{33, 64, 64}, WantTile{64, 128, 64},
+                            WantTile{128, 64, 128}, WantTile{128, 96, 128}, WantTile{512, 128, 128}}) {
+    const QueryPlan plan = query::make_query_plan(w.rows, w.heads);
+    EXPECT_EQ(plan.path, query::QueryPath::kGemm) << plan.describe();
+    EXPECT_EQ(plan.absorb_row_tile, w.tile) << plan.describe();
   }
 }
 
