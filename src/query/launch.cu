@@ -193,7 +193,12 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 using AbsorbKernel = void (*)(QueryParams, const __nv_bfloat16*);
 AbsorbKernel absorb_kernel_of(int row_tile) {
-  return row_tile == 32 ? gemm_absorb_kernel<32> : row_tile == 128 ? gemm_absorb_kernel<128> : gemm_absorb_kernel<64>;
+  switch (row_tile) {
+    case 32: return gemm_absorb_kernel<32>;
+    case 64: return gemm_absorb_kernel<64>;
+    case 128: return gemm_absorb_kernel<128>;
+    default: throw_bad_argument("QueryPlan.absorb_row_tile", "32, 64 or 128", std::to_string(row_tile));
+  }
 }
 
 // The absorb kernel's row tile: the fewest waves of one CTA an SM (4 column slices x row tiles x H CTAs), the smaller
