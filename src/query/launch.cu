@@ -250,6 +250,8 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
   auto* qn = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_qn_offset);
   auto* q = reinterpret_cast<__nv_bfloat16*>(ws + plan.gemm_q_offset);
   const int rows = int(plan.rows), H = plan.num_heads;
+  // Resolved before the first launch: a bad row tile throws before the norm kernel writes any cache row.
+  const AbsorbKernel absorb_kernel = absorb_kernel_of(plan.absorb_row_tile);
 
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -280,7 +282,7 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
   absorb.numAttrs = 1;  // always a programmatic dependent of the GEMM: its W_UK slice loads overlap the GEMM's tail
   QueryParams absorb_params = p;  // its timeline stamps follow the norm kernel's (timeline_ctas)
   if (p.timeline != nullptr) absorb_params.timeline = p.timeline + plan.rows * timeline::kMaxMarks;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, absorb_kernel_of(plan.absorb_row_tile), absorb_params,
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&absorb, absorb_kernel, absorb_params,
                                     static_cast<const __nv_bfloat16*>(q)));
 }
 

@@ -3,6 +3,9 @@
 // run the kernel with them (Query.RopeCtasGiveTheSameBytes). Also the cluster's column deal (FusedSmemPlan).
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
+#include "cpu/error_of.h"
 #include "query/config.h"
 #include "query/launch.h"
 
@@ -56,6 +59,28 @@ TEST(QueryPlanColumns, EveryClusterDealsEveryColumnOnce) {
   constexpr query::FusedSmemPlan kSix{8, 6};
   EXPECT_EQ(kSix.cols_of(0), 80);  // tiles 0-4
   EXPECT_EQ(kSix.cols(), 96);      // the largest share, 6 tiles
+}
+
+
+// A GEMM plan whose absorb row tile is none of the absorb kernel's (a hand-edited plan: make_query_plan never makes
+// one) is rejected before the first launch, so the norm kernel writes no cache row. The pointers are never
+// dereferenced: the error comes before any CUDA call (without the check first, the norm kernel's launch would).
+TEST(QueryPlanLaunch, RejectsAnAbsorbRowTileBeforeAnyLaunch) {
+  query::QueryPlan plan;
+  plan.rows = 64;
+  plan.num_heads = 12;
+  plan.path = query::QueryPath::kGemm;
+  plan.absorb_row_tile = 48;
+  plan.workspace_bytes = 256;
+  alignas(256) static uint8_t fake[256];  // aligned stand-ins for device pointers
+  const int64_t slots[1] = {-1};
+  query::QueryArgs args;
+  args.projected = args.q_a_norm = args.kv_a_norm = args.q_b_proj = args.w_uk_t = fake;
+  args.pitch = 4096;
+  args.slots = slots;
+  args.query = args.cache = args.workspace = fake;
+  args.cublas = reinterpret_cast<cublasHandle_t>(fake);
+  EXPECT_ERROR_HAS(query::launch_query(plan, args, nullptr), "QueryPlan.absorb_row_tile");
 }
 
 }  // namespace
