@@ -6,6 +6,9 @@
 # `FAMILIES="core pipeline" BUILD_DIR=build-NAME scripts/gpu_check.sh tests` or
 # `BUILD_DIR=build-B BASE=build-A/bench scripts/bench_compare.sh run core_bench ...`.
 #   scripts/pack_builds.sh NAME=REV...        e.g. main=main pages=core-prewait-pages
+#   NAME=REV+PATCH                             REV with a kept patch applied (e.g. main+bench/results/patches/X.patch):
+#                                              built from a commit made here (fixed dates, so the same inputs give
+#                                              the same commit and a repacked build is not rebuilt); no branch needed
 # EXTRA: more folders to pack as they are (a hand-made build, e.g. a mutant for a test's power).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +17,23 @@ folders=()
 for spec in "$@"; do
   [[ $spec == *=* ]] || { echo "pack_builds: '$spec' is not NAME=REV" >&2; exit 2; }
   name=${spec%%=*} rev=${spec#*=}
-  commit=$(git rev-parse --short "$rev^{commit}")
+  if [[ $rev == *+* ]]; then
+    patch=${rev#*+} rev=${rev%%+*}
+    [[ -f $patch ]] || { echo "pack_builds: no patch file $patch" >&2; exit 1; }
+    index=$(mktemp)
+    GIT_INDEX_FILE=$index git read-tree "$rev^{tree}"
+    GIT_INDEX_FILE=$index git apply --cached "$patch" ||
+      { rm -f "$index"; echo "pack_builds: $patch does not apply to $rev" >&2; exit 1; }
+    tree=$(GIT_INDEX_FILE=$index git write-tree)
+    rm -f "$index"
+    who=pack_builds email=pack_builds@localhost
+    commit=$(GIT_AUTHOR_NAME=$who GIT_AUTHOR_EMAIL=$email GIT_AUTHOR_DATE="2000-01-01T00:00:00+0000" \
+             GIT_COMMITTER_NAME=$who GIT_COMMITTER_EMAIL=$email GIT_COMMITTER_DATE="2000-01-01T00:00:00+0000" \
+             git commit-tree "$tree" -p "$(git rev-parse "$rev^{commit}")" -m "$rev + $patch")
+    commit=$(git rev-parse --short "$commit") rev="$rev+$patch"
+  else
+    commit=$(git rev-parse --short "$rev^{commit}")
+  fi
   dest=build-$name
   if [[ $(cut -d' ' -f1 "$dest/REVISION" 2>/dev/null) != "$commit" ]]; then
     scripts/strip_build.sh --rev "$commit" "$dest"
