@@ -20,7 +20,7 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_address, uint32_t st
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// Generic-proxy shared stores (st.shared, cp.async) become visible to wgmma (the async proxy).
+// Orders generic-proxy shared accesses (st.shared, cp.async) before the async proxy's (wgmma reads, bulk copies).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Pins a register's accesses in program order against the wgmma fence / wait (the compiler must not
 // move an accumulator or A-fragment write across them).

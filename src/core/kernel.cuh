@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "common/timeline.cuh"
+#include "common/wgmma.cuh"
 #include "core/config.h"
 #include "core/params.h"
 #include "core/split_rule.h"
@@ -621,6 +622,9 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
       } else {
 #pragma unroll
         for (int i = 0; i < kKeyDim / 16; ++i) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0u, 0u, 0u, 0u);
+        // A later segment's bulk copy (the async proxy) may write this row of the stage again: order these
+        // generic stores before it.
+        ::mla::wgmma::fence_proxy_async();
         mbar_arrive(&smem.full[stage]);
       }
     }
@@ -1002,8 +1006,10 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
             }
           } else {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {  // both rows' loads at once (a padded row reads row 0's)
-              const int row = half == 0 || row1 >= rows_m ? row0 : row1;
+            for (int half = 0; half < 2; ++half) {  // both rows' loads at once (a padded row reads the last row's)
+              // NOTE: row0 itself is padding where the tile holds fewer than 8 rows (H·q % 16 in 1..7): reading it
+              // read past the last slot's partials, i.e. past the workspace (unused values, but out of bounds).
+              const int row = min(half == 0 ? row0 : row1, rows_m - 1);
               const int64_t prow = int64_t{slot} * rows_m + row;
               x[half] = __ldcg(p.partial_lse + prow);
 #pragma unroll

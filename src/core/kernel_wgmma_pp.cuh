@@ -182,12 +182,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
       wgmma_commit();
       wgmma_wait<1>();
     }
-    // The page's V bytes of this warpgroup are in registers: refill its part of the slot while the MMAs run.
-    if (k + kStages < my_pages) issue_own_part(k + kStages);
     // NOTE: waited in the page's own step (P·V in flight across the loop's back edge serializes every wgmma:
     // ptxas C7515, as the loop-skipped path defines the accumulators).
     wgmma_wait<0>();
     fence_accumulators<kTileN>(o);
+    // Refill this warpgroup's part of the slot only now: the last k16 step's wgmma, complete, was issued by all four
+    // warps, so each has read its V fragments of tokens 48-63. After wgmma_wait<1> only the third step's were known
+    // read, and one warp's copy could land in bytes a lagging warp of the warpgroup had still to load.
+    if (k + kStages < my_pages) issue_own_part(k + kStages);
   };
 
   // ---- Phase 3: the page loop: this warpgroup's own pages k (g0 + k = wg, wg + 2, ...) -------------------

@@ -367,6 +367,11 @@ std::vector<CoreCase> cases() {
   // (merged at 16-row tiles, by the combine at wider ones), q = 2 causal rows.
   v.push_back(with(make("h96_q1_merged_in_split", 96, 1, {6000, 65, 0, 300, 1}), 1, 1));
   v.push_back(with(make("h64_q2_merged_in_split_two_splits", 64, 2, {4097, 63, 2000}), 2));
+  // The same with fewer than 8 rows in the last 16-row M-tile (H·q % 16 in 1..7), the longest request last so its
+  // split slots end the workspace: the merging lanes of padded rows once read past it (compute-sanitizer sees that;
+  // bench/results/patches/*next.plan runs these cases under it).
+  v.push_back(with(make("h4_q1_short_tile_merged_in_split", 4, 1, {0, 65, 1, 4097}), 2));
+  v.push_back(with(make("h12_q3_short_tile_merged_in_split", 12, 3, {3, 700, 5000}), 2));
   {
     // Flat slots over more than 32 requests, so each lane of the page scans takes several; lengths from 0 to ~4k, so
     // the long ones get many more CTAs than the short ones, and two padded requests.
