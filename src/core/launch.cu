@@ -287,6 +287,13 @@ CorePlan plan_core(const CoreShape& shape) {
   }
   const int64_t requests = shape.rows / shape.q;
   if (requests > 65535) throw_bad_argument("CoreShape.rows / q", "<= 65535 requests", std::to_string(requests));
+  // The flat deal counts the batch's pages in 32 bits (split_rule.h, flat slots).
+  const int64_t max_batch_pages = requests * ((shape.max_context + kPageSize - 1) / kPageSize);
+  if (max_batch_pages > INT32_MAX) {
+    throw_bad_argument("CoreShape.max_context",
+                       "at most 2^31 - 1 pages over the " + std::to_string(requests) + " requests of rows / q",
+                       std::to_string(shape.max_context) + " (" + std::to_string(max_batch_pages) + " pages)");
+  }
   // The combine finds an entry's request by a 32-bit division (a 64-bit one is a call, and ptxas spilled around it).
   if (shape.rows * shape.heads > INT32_MAX) {
     throw_bad_argument("CoreShape.rows * heads", "<= 2^31 - 1 (row, head) entries",

@@ -62,7 +62,7 @@ MLA_CORE_SPLIT_RULE_FN SplitRange split_range(int length, int num_splits, int sp
 // lengths spread. Its part of request r (a segment) is one partial, at slot r + c: request r's segments come from
 // CTAs c_first(r) = ⌊p_r / ppc⌋ .. c_last(r) = ⌊(p_r + pages_r − 1) / ppc⌋ (p_r: its pages before it), so its slots are
 // [r + c_first, r + c_last], and no two (request, CTA) pairs share a slot (a later CTA never holds an earlier
-// request's page). Slots: N + R − 1. NOTE: 32-bit: the plan keeps R · max_context pages below 2^31.
+// request's page). Slots: N + R − 1. NOTE: 32-bit: plan_core rejects R · max_context pages of 2^31 or more.
 MLA_CORE_SPLIT_RULE_FN int flat_pages_per_cta(int total_pages, int num_ctas) {
   return total_pages == 0 ? 1 : (total_pages + num_ctas - 1) / num_ctas;
 }

@@ -4,11 +4,21 @@
 
 #include "core/config.h"
 #include "core/launch.h"
+#include "error_of.h"
 
 namespace mla {
 namespace {
 
 using core::choose_wgmma_tile;
+
+// Rejected before any CUDA call: the flat deal's page counts are 32-bit.
+TEST(CorePlanShape, RejectsAMaxContextWhoseBatchPagesPass32Bits) {
+  const int64_t max_context = int64_t{1} << 28;  // 2^22 pages a request, 512 requests: 2^31 pages
+  EXPECT_ERROR_HAS(core::plan_core({.rows = 512, .heads = 16, .q = 1, .max_context = max_context}),
+                   "CoreShape.max_context: expected at most 2^31 - 1 pages over the 512 requests");
+  EXPECT_ERROR_HAS(core::plan_core({.rows = 512, .heads = 16, .q = 1, .max_context = max_context}),
+                   "(2147483648 pages)");
+}
 
 TEST(CorePlanTile, SmallestTileHoldingTheRows) {
   EXPECT_EQ(choose_wgmma_tile(1), 16);
