@@ -266,6 +266,11 @@ void launch_gemm(const QueryPlan& plan, const QueryParams& p, const QueryArgs& a
 
   check_cublas(cublasSetStream(args.cublas, stream), "cublasSetStream");
   check_cublas(cublasSetWorkspace(args.cublas, ws, kCublasWorkspaceBytes), "cublasSetWorkspace");
+  // DESIGN.md rounds q once: bf16 of the fp32 sum. cuBLAS' default math mode lets a split-K algorithm reduce its
+  // partials in the output type (bf16), which its heuristic may pick at few rows (e.g. H 12 x 33 rows: 18 output tiles).
+  constexpr auto kOneRoundingMath =
+      static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  check_cublas(cublasSetMathMode(args.cublas, kOneRoundingMath), "cublasSetMathMode");
   const float one = 1.f, zero = 0.f;
   // q [rows, H*192] (row-major) = qn [rows, 1536] . q_b_proj [H*192, 1536]^T: column-major C^T = A^T B.
   check_cublas(cublasGemmEx(args.cublas, CUBLAS_OP_T, CUBLAS_OP_N, H * kQkHeadDim, rows, kQLoraRank, &one, p.q_b_proj,

@@ -87,7 +87,8 @@ struct QueryArgs {
   int64_t stride_cache_page = 64 * 576;  // bytes, multiple of 16
   int64_t num_cache_pages = 0;
   void* workspace = nullptr;             // plan.workspace_bytes (may be null when that is 0)
-  cublasHandle_t cublas = nullptr;       // GEMM path: the caller's handle (its stream and workspace are set here)
+  cublasHandle_t cublas = nullptr;       // GEMM path: the caller's handle (this sets its stream, workspace and math
+                                         // mode: no reduced-precision split-K reduction)
   uint64_t* timeline = nullptr;          // MLA_TIMELINE builds only: [timeline_ctas(plan), timeline::kMaxMarks]
                                          // stamps (QueryMark, or GemmNormMark then GemmAbsorbMark); null records nothing
 };
