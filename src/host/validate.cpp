@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 
 namespace mla::detail {
 namespace {
@@ -154,11 +155,21 @@ void validate_step_values(const StepInputs& step, const StepContract& contract, 
       }
     }
   }
+  // Two rows writing one slot would store both rows' bytes into one cache row at once (16-byte pieces of either).
+  std::unordered_map<int64_t, int64_t> row_of_slot;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t slot = slots[r];
     if (slot < -1 || slot >= num_pages * kPageSize) {
       throw_bad_argument(indexed("slots", r),
                          "-1 or a slot in [0, " + std::to_string(num_pages * kPageSize) + ")",
+                         std::to_string(slot));
+    }
+    if (slot == -1) continue;
+    const auto [first, inserted] = row_of_slot.emplace(slot, r);
+    if (!inserted) {
+      throw_bad_argument(indexed("slots", r),
+                         "a slot no other row writes (" + indexed("slots", first->second) + " is " +
+                             std::to_string(slot) + " too)",
                          std::to_string(slot));
     }
   }

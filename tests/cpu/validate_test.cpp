@@ -218,6 +218,15 @@ TEST(Validate, SlotOutOfRange) {
   expect_step_error(h.step(), host_contract(), {"slots[2]", "-2"});
 }
 
+TEST(Validate, TwoRowsWritingOneSlot) {
+  HostStep h;
+  h.slots[3] = h.slots[1];
+  expect_step_error(h.step(), host_contract(), {"slots[3]", "slots[1] is 6 too", "6"});
+  h.slots[1] = -1;  // -1 writes nothing, so any number of rows may carry it
+  h.slots[3] = -1;
+  EXPECT_NO_THROW(detail::validate_step(h.step(), host_contract()));
+}
+
 TEST(Validate, MoreRequestsThanRowsOverQ) {
   HostStep h;
   h.block_table.resize(6);
