@@ -243,15 +243,16 @@ PreparedMla::PreparedMla(const Weights& weights, const LayerDims& dims, const st
   // Everything is validated before the first CUDA call, so bad arguments fail the same way everywhere.
   validate_options(options);
   detail::validate_dims(dims);
-  const int device = options.dcp != nullptr ? options.dcp->device_index() : query_scratch.device_index;
-  detail::validate_weights(weights, dims, Memory::kDevice, device);
   state_->shapes = plan_shapes(pitches, options, dims.num_heads);
   const int64_t max_rows = pitches.rbegin()->first;
+  // The device is the group's or the scratch's: whichever names it is checked before the weights are held to it.
+  const int device = options.dcp != nullptr ? options.dcp->device_index() : query_scratch.device_index;
   if (options.dcp != nullptr) {
     validate_group(*options.dcp, dims, max_rows, query_scratch);
   } else {
     detail::validate_query_scratch(query_scratch, max_rows, dims.num_heads, Memory::kDevice, device);
   }
+  detail::validate_weights(weights, dims, Memory::kDevice, device);
 
   state_->weights = weights;
   state_->dims = dims;
@@ -527,11 +528,14 @@ void PreparedMla::prepare(const TensorView& cache, const TensorView& workspace) 
   const int64_t max_rows = state.max_rows, max_pitch = state.max_pitch;
 
   // ---- 2. The stage buffers: in the caller's workspace, or allocated here.
+  if (workspace.present() && static_cast<size_t>(workspace.shape[0]) < state.workspace_bytes) {
+    throw_bad_argument("workspace", "at least " + std::to_string(state.workspace_bytes) + " bytes (workspace_bytes())",
+                       workspace.describe());
+  }
+  // From here until the warm-up has finished the object is not runnable: a failure below (in a second prepare()
+  // too) leaves it unprepared rather than half-prepared.
+  state.prepared = false;
   if (workspace.present()) {
-    if (static_cast<size_t>(workspace.shape[0]) < state.workspace_bytes) {
-      throw_bad_argument("workspace", "at least " + std::to_string(state.workspace_bytes) + " bytes (workspace_bytes())",
-                         workspace.describe());
-    }
     state.own_workspace = DeviceMemory();
     state.workspace = static_cast<uint8_t*>(workspace.data);
   } else {
@@ -543,7 +547,6 @@ void PreparedMla::prepare(const TensorView& cache, const TensorView& workspace) 
     MLA_CUDA_CHECK(cudaMemset(state.core_counters.get(), 0, state.core_counters.bytes()));
   }
   if (state.query_gemm) state.cublas.create();
-  state.prepared = true;
 
   // ---- 3. Warm every shape once on an all-padding step (no request, no cache write), so module
   // loading and first-launch costs stay out of the engine's first real step and of graph capture.
@@ -577,6 +580,7 @@ void PreparedMla::prepare(const TensorView& cache, const TensorView& workspace) 
     }
   }
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
+  state.prepared = true;
 }
 
 size_t PreparedMla::checked_shape_index(const StepInputs& step, const char* caller) const {

@@ -104,8 +104,21 @@ TEST(PreparedMla, RejectsHostWeightsAndSmallScratch) {
   EXPECT_NE(error_of([&] { PreparedMla(layer.weights, kDims, {{128, kWidth}}, layer.query_scratch); })
                 .find("query_scratch: expected at least 128 rows"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { PreparedMla(layer.weights, LayerDims{16, 1e-5f}, {{4, kWidth}}, layer.query_scratch); })
+  const TensorView scratch16 = make_view(layer.bytes.data(), DType::kFP8E4M3, Memory::kDevice, {64, 16, kKeyDim});
+  EXPECT_NE(error_of([&] { PreparedMla(layer.weights, LayerDims{16, 1e-5f}, {{4, projected_width(16)}}, scratch16); })
                 .find("q_b_proj"),
+            std::string::npos);
+}
+
+// The device comes from the scratch (without DCP): a missing or host scratch is named as such, not reported as
+// weights on the wrong device.
+TEST(PreparedMla, NamesABadScratchBeforeTheWeights) {
+  FakeDeviceLayer layer;
+  EXPECT_NE(error_of([&] { PreparedMla(layer.weights, kDims, {{4, kWidth}}, TensorView{}); }).find("query_scratch"),
+            std::string::npos);
+  TensorView host = layer.query_scratch;
+  host.memory = Memory::kHost;
+  EXPECT_NE(error_of([&] { PreparedMla(layer.weights, kDims, {{4, kWidth}}, host); }).find("query_scratch"),
             std::string::npos);
 }
 
