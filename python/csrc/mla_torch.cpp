@@ -237,6 +237,9 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
       const mla::TensorView workspace_view = to_optional_view("workspace", workspace);
       const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
       prepared_->prepare(view, workspace_view);
+      // The stage buffers live in the caller's workspace from now on: keep its storage, or a temporary passed here
+      // would go back to PyTorch's allocator and every later step would write into whatever reuses it.
+      tensors_.workspace = workspace.value_or(at::Tensor());
     });
   }
 
@@ -306,6 +309,7 @@ class PreparedMlaHolder : public torch::CustomClassHolder {
   // the tensors of its views and the DCP group (null without DCP).
   struct OwnedTensors {
     at::Tensor q_a_norm, kv_a_norm, q_b_proj, w_uk_t, w_uv, query_scratch;  // query_scratch undefined under DCP
+    at::Tensor workspace;  // the caller's workspace of the last prepare(), undefined where the object allocated its own
   } tensors_;
   c10::intrusive_ptr<DcpGroupHolder> group_;
   std::unique_ptr<mla::PreparedMla> prepared_;

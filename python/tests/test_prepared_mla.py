@@ -174,6 +174,23 @@ def test_layers_share_one_workspace():
         _run_and_check(mla, step)
 
 
+def test_a_given_workspace_outlives_the_callers_reference():
+    # prepare_cache(kv, workspace=<a temporary>): the object keeps the workspace's storage, so the caching allocator
+    # cannot hand its bytes to the next tensor of that size while the steps still write their stage buffers there.
+    attention = harness.SyntheticAttention(12, seed=520)
+    step = Step(mla_decode.read_layer(attention), 1, [100, 3000, 64, 1], seed=521)
+    mla = mla_decode.PreparedMla(attention, {step.rows: step.pitch}, _scratch(step.rows, 12), queries=(1,))
+    workspace = mla_decode.shared_workspace([mla])
+    address, size = workspace.data_ptr(), workspace.numel()
+    mla.prepare_cache(step.cache, workspace=workspace)
+    del workspace
+    other = torch.full((size,), 0x7F, dtype=torch.uint8, device=step.cache.device)
+    assert other.data_ptr() != address, "the workspace went back to the allocator while the object still uses it"
+    step.out.fill_(float("nan"))
+    _run_and_check(mla, step)
+    assert bool((other == 0x7F).all()), "a step wrote into memory the object does not own"
+
+
 @pytest.mark.parametrize("use_pad_requests", [False, True])
 def test_padded_batch(use_pad_requests):
     attention = harness.SyntheticAttention(12, seed=400)
