@@ -189,6 +189,9 @@ class FileBootstrap final : public DcpBootstrap {
 // GPU work too, which is how it is tested). Not stream-ordered: PreparedMla::run signals and waits
 // on the epochs (DcpPeerTable). CUDA IPC cannot map memory in the process that exported it, so two
 // ranks in one process are an error (use InProcessDcp). No NVLink multicast object is ever created.
+// As with InProcessDcp, every rank prepares all its objects of a parity before any rank runs a step of that
+// parity (or between group-wide barriers of the caller's): prepare()'s warm-up writes this rank's mailbox and
+// partials, which a slower peer may still be reading for the last step.
 class IpcDcp final : public DcpGroup {
  public:
   // Validates (sizes from the bootstrap, interleave, heads, max_rows, device, timeout) before any

@@ -75,7 +75,7 @@ __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int
       for (int i = 0; i < kKPerThread; ++i) latent[i] = fmaf(weight, partial[i], latent[i]);
     }
   }
-  const float inv_sum = 1.0f / weight_sum;  // >= 1: the largest partial has weight exp(0)
+  const float inv_sum = 1.0f / weight_sum;  // weight_sum >= 1: the largest partial has weight exp(0)
 #pragma unroll
   for (int i = 0; i < kKPerThread; ++i) latent[i] *= inv_sum;
 }
