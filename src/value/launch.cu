@@ -37,11 +37,11 @@ size_t prepare_mma_kernel() {
   return bytes;
 }
 
-// The tensor-core kernel's cp.async reads 16-byte vectors.
-void require_aligned16(const char* argument, const void* ptr) {
+// The value kernels read 16-byte vectors (the tensor-core ones by cp.async).
+void require_aligned16(const std::string& argument, const void* ptr) {
   const uintptr_t offset = reinterpret_cast<uintptr_t>(ptr) % 16;
   if (offset != 0) {
-    throw_bad_argument(argument, "a 16-byte aligned pointer (tensor-core value kernel)",
+    throw_bad_argument(argument, "a 16-byte aligned pointer",
                        "an address " + std::to_string(offset) + " bytes past a 16-byte boundary");
   }
 }
@@ -153,6 +153,21 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
   }
 #endif
 
+  // Every kernel reads W_UV and the latent (or each partial latent) in 16-byte vectors.
+  require_aligned16("ValueParams.w_uv", params.w_uv);
+  if (merge) {
+    for (int r = 0; r < params.num_partials; ++r) {
+      require_aligned16("ValueParams.partial_latent[" + std::to_string(r) + "]", params.partial_latent[r]);
+    }
+  } else {
+    if (params.latent == nullptr) throw_bad_argument("ValueParams.latent", "a device pointer", "null");
+    require_aligned16("ValueParams.latent", params.latent);
+  }
+  if (params.stride_latent_row % 8 != 0) {
+    throw_bad_argument("ValueParams.stride_latent_row", "a multiple of 8 elements (16-byte aligned rows)",
+                       std::to_string(params.stride_latent_row));
+  }
+
   cudaLaunchConfig_t config = {};
   config.gridDim = plan.grid;
   config.blockDim = plan.block;
@@ -177,15 +192,11 @@ void launch_value(const ValueParams& params, const ValuePlan& plan, cudaStream_t
       return;
     case ValueKernel::kTensorCore:
     case ValueKernel::kTensorCoreSplit:
-      if (params.latent == nullptr) throw_bad_argument("ValueParams.latent", "a device pointer", "null");
-      require_aligned16("ValueParams.latent", params.latent);
-      require_aligned16("ValueParams.w_uv", params.w_uv);
+      // These kernels also stage the gate logits in 16-byte vectors.
       require_aligned16("ValueParams.projected", params.projected);
-      if (params.stride_latent_row % 8 != 0 || params.stride_projected_row % 8 != 0) {
-        throw_bad_argument("ValueParams.stride_latent_row / stride_projected_row",
-                           "multiples of 8 elements (16-byte aligned rows)",
-                           std::to_string(params.stride_latent_row) + " / " +
-                               std::to_string(params.stride_projected_row));
+      if (params.stride_projected_row % 8 != 0) {
+        throw_bad_argument("ValueParams.stride_projected_row", "a multiple of 8 elements (16-byte aligned rows)",
+                           std::to_string(params.stride_projected_row));
       }
       if (plan.kernel == ValueKernel::kTensorCore) {
         MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, value_mma_kernel<kVHeadDim>, params));

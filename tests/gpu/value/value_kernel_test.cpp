@@ -12,6 +12,7 @@
 #include <map>
 #include <vector>
 
+#include "cpu/error_of.h"
 #include "gpu_compare.h"
 #include "gpu_test_util.h"
 #include "reference.h"
@@ -291,6 +292,26 @@ TEST(ValueKernel, LaunchRejectsMismatchedPlansAndUnalignedInputs) {
   bad = p;
   bad.w_uv = fake(0x20008);
   EXPECT_THROW(value::launch_value(bad, tensor, nullptr, false), Error);
+
+  // The CUDA-core kernels load W_UV and the latent (or each partial latent) in 16-byte vectors too.
+  const value::ValuePlan cuda_core = value::plan_value(128, 12, 1, ValueKernel::kCudaCore);
+  bad = p;
+  bad.w_uv = fake(0x20008);
+  EXPECT_ERROR_HAS(value::launch_value(bad, cuda_core, nullptr, false), "ValueParams.w_uv");
+  bad = p;
+  bad.latent = fake(0x10002);
+  EXPECT_ERROR_HAS(value::launch_value(bad, cuda_core, nullptr, false), "ValueParams.latent");
+  bad = p;
+  bad.stride_latent_row += 4;
+  EXPECT_ERROR_HAS(value::launch_value(bad, cuda_core, nullptr, false), "ValueParams.stride_latent_row");
+  const value::ValuePlan merging = value::plan_value(128, 12, 2, ValueKernel::kCudaCore);
+  bad = p;
+  bad.num_partials = 2;
+  bad.stride_lse_row = 24;
+  bad.partial_latent[0] = fake(0x60000);
+  bad.partial_latent[1] = fake(0x70004);
+  bad.partial_lse[0] = bad.partial_lse[1] = reinterpret_cast<const float*>(0x80000);
+  EXPECT_ERROR_HAS(value::launch_value(bad, merging, nullptr, false), "ValueParams.partial_latent[1]");
 }
 
 }  // namespace
