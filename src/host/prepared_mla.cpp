@@ -306,7 +306,13 @@ HostCopy copy_to_host(const TensorView& device) {
   HostCopy copy;
   copy.view = device;
   if (!device.present()) return copy;
-  const int64_t extent = device.rank == 0 ? 1 : device.shape[0] * device.stride[0];
+  // The elements the view spans (rows of a strided block table end at their last column, not at the stride).
+  int64_t extent = 1;
+  if (device.rank >= 1 && device.shape[0] == 0) {
+    extent = 0;
+  } else if (device.rank >= 1) {
+    extent = (device.shape[0] - 1) * device.stride[0] + (device.rank > 1 ? device.shape[1] : 1);
+  }
   copy.bytes.resize(static_cast<size_t>(extent * dtype_size(device.dtype)));
   if (!copy.bytes.empty()) {
     MLA_CUDA_CHECK(cudaMemcpy(copy.bytes.data(), device.data, copy.bytes.size(), cudaMemcpyDeviceToHost));
