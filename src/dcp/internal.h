@@ -6,7 +6,10 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "mla/dcp.h"
 
 namespace mla::dcp {
 
@@ -35,5 +38,11 @@ IpcRankRecord unpack(const uint8_t* bytes, size_t count, int from);
 // Throws mla::Error naming peer and field where `peer` (received from rank `from`) cannot join
 // `mine`'s group: another D, I, H, max_rows or block size, another rank than `from`, the same process.
 void check_peer(const IpcRankRecord& mine, const IpcRankRecord& peer, int from);
+
+// Every rank tells the others whether its part of a step of the group's setup succeeded (one all-gathered byte;
+// `failure` empty = it did), so a rank that failed alone cannot leave its peers running against it or waiting in a
+// later collective (NcclBootstrap's all-gather never times out). Throws on every rank if any failed: the failed
+// rank its own `failure`, the others an mla::Error naming the first failed rank and `step`.
+void agree_all_succeeded(DcpBootstrap& bootstrap, const std::string& failure, const std::string& step);
 
 }  // namespace mla::dcp

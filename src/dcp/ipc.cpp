@@ -106,46 +106,53 @@ std::unique_ptr<IpcDcp::Mapping> IpcDcp::map_blocks(DcpBootstrap& bootstrap, int
   std::vector<uint8_t> all(packed.size() * size);
   bootstrap.all_gather(packed.data(), packed.size(), all.data());
 
-  // ---- Check every record, then map the peers' blocks.
-  std::vector<dcp::IpcRankRecord> records;
-  for (int p = 0; p < size; ++p) {
-    records.push_back(dcp::unpack(all.data() + p * packed.size(), packed.size(), p));
-    dcp::check_peer(mine, records[p], p);
-  }
-  std::array<uint8_t*, kMaxDcpRanks> base{};
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) {
-      base[p] = static_cast<uint8_t*>(mapping->own);
-      continue;
-    }
-    if (records[p].device_uuid != mine.device_uuid) {
-      const int peer_device = device_with_uuid(records[p].device_uuid);
-      if (peer_device < 0) {
-        throw_bad_argument("dcp peer " + std::to_string(p) + ": GPU", "one this process sees (CUDA_VISIBLE_DEVICES)",
-                           "a GPU it does not see");
-      }
-      int can_access = 0;
-      MLA_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device_index, peer_device));
-      if (!can_access) {
-        throw_bad_argument("dcp peer " + std::to_string(p) + ": GPU " + std::to_string(peer_device),
-                           "peer access from GPU " + std::to_string(device_index), "no peer access");
-      }
-    }
-    // Lazy peer access: the driver enables peer access to the exporting GPU where it is another one.
-    void* opened = nullptr;
-    MLA_CUDA_CHECK(cudaIpcOpenMemHandle(&opened, records[p].handle, cudaIpcMemLazyEnablePeerAccess));
-    mapping->opened[p] = opened;
-    base[p] = static_cast<uint8_t*>(opened);
-  }
-  for (int parity = 0; parity < 2; ++parity) {
+  // ---- Check every record, then map the peers' blocks. A failure here may be one rank's alone (a GPU it does not see,
+  // no peer access, an IPC open refused), so every rank learns of it before any of them returns a group.
+  std::string failure;
+  try {
+    std::vector<dcp::IpcRankRecord> records;
     for (int p = 0; p < size; ++p) {
-      uint8_t* block = base[p] + parity * layout.block_bytes;
-      mapping->tables[parity].mailbox[p] = block + layout.mailbox_offset;
-      mapping->tables[parity].latent[p] = block + layout.latent_offset;
-      mapping->tables[parity].lse[p] = reinterpret_cast<float*>(block + layout.lse_offset);
-      mapping->tables[parity].signals[p] = reinterpret_cast<uint32_t*>(block + layout.signal_offset);
+      records.push_back(dcp::unpack(all.data() + p * packed.size(), packed.size(), p));
+      dcp::check_peer(mine, records[p], p);
     }
+    std::array<uint8_t*, kMaxDcpRanks> base{};
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) {
+        base[p] = static_cast<uint8_t*>(mapping->own);
+        continue;
+      }
+      if (records[p].device_uuid != mine.device_uuid) {
+        const int peer_device = device_with_uuid(records[p].device_uuid);
+        if (peer_device < 0) {
+          throw_bad_argument("dcp peer " + std::to_string(p) + ": GPU", "one this process sees (CUDA_VISIBLE_DEVICES)",
+                             "a GPU it does not see");
+        }
+        int can_access = 0;
+        MLA_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device_index, peer_device));
+        if (!can_access) {
+          throw_bad_argument("dcp peer " + std::to_string(p) + ": GPU " + std::to_string(peer_device),
+                             "peer access from GPU " + std::to_string(device_index), "no peer access");
+        }
+      }
+      // Lazy peer access: the driver enables peer access to the exporting GPU where it is another one.
+      void* opened = nullptr;
+      MLA_CUDA_CHECK(cudaIpcOpenMemHandle(&opened, records[p].handle, cudaIpcMemLazyEnablePeerAccess));
+      mapping->opened[p] = opened;
+      base[p] = static_cast<uint8_t*>(opened);
+    }
+    for (int parity = 0; parity < 2; ++parity) {
+      for (int p = 0; p < size; ++p) {
+        uint8_t* block = base[p] + parity * layout.block_bytes;
+        mapping->tables[parity].mailbox[p] = block + layout.mailbox_offset;
+        mapping->tables[parity].latent[p] = block + layout.latent_offset;
+        mapping->tables[parity].lse[p] = reinterpret_cast<float*>(block + layout.lse_offset);
+        mapping->tables[parity].signals[p] = reinterpret_cast<uint32_t*>(block + layout.signal_offset);
+      }
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
   }
+  dcp::agree_all_succeeded(bootstrap, failure, "map the group's blocks");
   return mapping;
 }
 

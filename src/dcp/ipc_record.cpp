@@ -1,4 +1,5 @@
-// Packing and checking the records a CUDA-IPC group all-gathers (dcp/internal.h).
+// Packing and checking the records a CUDA-IPC group all-gathers, and the ranks' agreement on a setup step
+// (dcp/internal.h).
 #include <cstring>
 #include <string>
 
@@ -91,6 +92,20 @@ void check_peer(const IpcRankRecord& mine, const IpcRankRecord& peer, int from) 
                            "'s (CUDA IPC cannot map memory into the process that exported it; for ranks "
                            "in one process use InProcessDcp)",
                        "the same process " + std::to_string(peer.process_id));
+  }
+}
+
+void agree_all_succeeded(DcpBootstrap& bootstrap, const std::string& failure, const std::string& step) {
+  const uint8_t succeeded = failure.empty() ? 1 : 0;
+  std::vector<uint8_t> all(static_cast<size_t>(bootstrap.size()));
+  bootstrap.all_gather(&succeeded, 1, all.data());
+  if (!failure.empty()) throw Error(failure);
+  for (int p = 0; p < bootstrap.size(); ++p) {
+    if (all[p] == 0) {
+      throw Error("dcp rank " + std::to_string(bootstrap.rank()) + ": rank " + std::to_string(p) + " of " +
+                  std::to_string(bootstrap.size()) + " failed to " + step + " (its own error says why), so this "
+                  "rank stops too");
+    }
   }
 }
 

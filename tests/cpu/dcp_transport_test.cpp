@@ -104,6 +104,31 @@ TEST(FileBootstrap, AllGathersAmongForkedProcesses) {
   }
 }
 
+// A setup step that failed on one rank only (IpcDcp's peer mapping): every rank throws, none returns a group.
+TEST(DcpAgreement, EveryRankThrowsWhereOneFailed) {
+  TempDir dir;
+  constexpr int kSize = 3;
+  std::vector<std::string> errors(kSize);
+  std::vector<std::thread> ranks;
+  for (int k = 0; k < kSize; ++k) {
+    ranks.emplace_back([&, k] {
+      FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
+      const std::string failure = k == 1 ? "dcp peer 0: GPU: expected one this process sees" : "";
+      errors[k] = error_of([&] { dcp::agree_all_succeeded(boot, failure, "map the group's blocks"); });
+      // Then all succeed: nobody throws.
+      const std::string again = error_of([&] { dcp::agree_all_succeeded(boot, "", "map the group's blocks"); });
+      if (again != "no error") errors[k] += " | second agreement: " + again;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(errors[1], "dcp peer 0: GPU: expected one this process sees");
+  for (int k : {0, 2}) {
+    EXPECT_EQ(errors[k], "dcp rank " + std::to_string(k) +
+                             ": rank 1 of 3 failed to map the group's blocks (its own error says why), so this rank "
+                             "stops too");
+  }
+}
+
 TEST(FileBootstrap, RejectsBadArgumentsAndTimesOut) {
   TempDir dir;
   EXPECT_ERROR_HAS(FileBootstrap(dir.path, 0, 1), "FileBootstrap size: expected 2..8, got 1");
