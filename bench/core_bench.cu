@@ -474,6 +474,10 @@ int main(int argc, char** argv) {
     table += line;
     if (peer) table += std::string("Peer (--peer): ") + peer->name() + ", on the same inputs in the same run.\n\n";
     if (l2_resident) table += "**--l2-resident: a diagnostic, every page read from a 128-page L2-resident pool.**\n\n";
+    if (with_stock) {
+      table += "Stock: a batched GEMM over every request padded to the batch's longest (varlen rows: ~1.5x the "
+               "tokens of ours, so stock/ours there is an upper bound).\n\n";
+    }
     if (max_context > 0) {
       std::snprintf(line, sizeof line, "Splits planned for max_context = %lld tokens (--max-context).\n\n",
                     static_cast<long long>(max_context));

@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     }
 
     std::printf("| batch | context | D | one-GPU µs | rank query µs | rank core µs | rank value µs | rank step µs | "
-                "+ 2 signals µs | speedup | efficiency | rank floor µs | rank step/floor | rank GB/s | rank TFLOP/s |\n");
+                "+ 2 signals µs | speedup (bound) | efficiency (bound) | rank floor µs | rank step/floor | rank GB/s | rank TFLOP/s |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::vector<std::string> one_gpu_lines;  // printed after the table
     const synth::SyntheticLayer layer = synth::make_layer(kHeads, 1);
