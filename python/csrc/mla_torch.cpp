@@ -180,7 +180,8 @@ class HandleRegistry {
 class PreparedMlaHolder : public torch::CustomClassHolder {
  public:
   // `batch_sizes[i]` rows use row stride `pitches[i]` (elements) in `projected`. The weights, the
-  // query scratch and the DCP group must outlive nothing: this object keeps references to them.
+  // query scratch, the DCP group and (from prepare()) a caller's workspace must outlive nothing: this object keeps
+  // references to them.
   // Without `dcp` the query scratch is required and selects the device; with it the scratch must be
   // absent (the group's mailboxes replace it) and the group's device is the object's.
   PreparedMlaHolder(at::Tensor q_a_norm, at::Tensor kv_a_norm, at::Tensor q_b_proj, at::Tensor w_uk_t,

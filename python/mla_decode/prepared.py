@@ -344,7 +344,7 @@ class PreparedMla:
         ``kv`` is ``[num_pages, 64, 576]`` float8_e4m3fn or uint8 on the object's device, 16-byte aligned
         (a page stride larger than 64*576 is accepted when it is a multiple of 16 bytes). Without
         ``workspace`` the object allocates its stage buffers; with it (uint8 ``[>= workspace_bytes()]`` on
-        the object's device, 256-byte aligned, outliving the object) they live there, so the layers of
+        the object's device, 256-byte aligned; the object keeps a reference to it) they live there, so the layers of
         one model, which never run at the same time, can share one workspace of the largest of their
         ``workspace_bytes()``; prepare them while none of them runs. Call before the first ``run`` and
         outside CUDA graph capture: it may allocate and it synchronizes the device. Writes nothing into
