@@ -16,6 +16,12 @@ namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
+// The larger of two values, NaN if either is (std::max drops a NaN in its second argument, which made a visible
+// token with a NaN logit look like no visible token: 0 and -inf where DESIGN.md §4 keeps NaN).
+double nan_max(double a, double b) {
+  return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
+}
+
 const std::array<double, 256>& e4m3_table() {
   static const std::array<double, 256> table = [] {
     std::array<double, 256> values{};
@@ -49,7 +55,7 @@ CoreResult lse_merge(const std::vector<CoreResult>& parts) {
   CoreResult merged = empty_result(rows, heads);
   for (int64_t rh = 0; rh < rows * heads; ++rh) {
     double max_lse = kMinusInf;
-    for (const CoreResult& part : parts) max_lse = std::max(max_lse, part.lse[rh]);
+    for (const CoreResult& part : parts) max_lse = nan_max(max_lse, part.lse[rh]);
     if (max_lse == kMinusInf) continue;  // nothing visible anywhere: 0 and -inf, never NaN
     double sum = 0;
     for (const CoreResult& part : parts) sum += std::exp(part.lse[rh] - max_lse);  // exp(-inf) = 0
@@ -131,6 +137,7 @@ SplitPartials core_partials(const CoreInputs& in, int num_splits) {
         const int64_t end = std::min(length, (s + 1) * pages_per_split * kPageSize);
         logits.clear();
         double max_logit = kMinusInf;
+        bool any_visible = false;
         for (int64_t j = begin; j < end; ++j) {
           if (dcp_global_position(j, in.dcp) > last_visible) {
             logits.push_back(kMinusInf);
@@ -139,9 +146,10 @@ SplitPartials core_partials(const CoreInputs& in, int num_splits) {
           double dot = 0;
           for (int d = 0; d < kKeyDim; ++d) dot += query[d] * keys[j * kKeyDim + d];
           logits.push_back(in.softmax_scale * dot);
-          max_logit = std::max(max_logit, logits.back());
+          max_logit = nan_max(max_logit, logits.back());
+          any_visible = true;
         }
-        if (max_logit == kMinusInf) continue;  // nothing visible in this split: 0 and -inf
+        if (!any_visible) continue;  // nothing visible in this split: 0 and -inf
 
         CoreResult& split = partials.splits[s];
         double* latent = split.latent.data() + rh * kKvLoraRank;

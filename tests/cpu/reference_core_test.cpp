@@ -204,6 +204,47 @@ TEST(RefCore, MergeWeighsPartialsByLse) {
   EXPECT_NEAR(m.latent[0], (1.0 * 1.0 + 3.0 * 2.0) / 4.0, 1e-15);
 }
 
+// A NaN byte in a visible token's key makes its rows' logits NaN: NaN latent and LSE (DESIGN.md §4: only rows
+// with nothing visible are 0 and -inf), whatever the split count; rows that cannot see the token stay finite.
+TEST(RefCore, NanKeyOfAVisibleTokenGivesNanNotEmpty) {
+  constexpr uint8_t kE4m3Nan = 0x7f;
+  TinyCase t(2, {{0, 1}}, {70}, 2, 1);  // one request of 70 tokens over two pages, q = 2
+  t.set_query(0, 0, 1.0), t.set_query(1, 0, 1.0);
+  for (int j = 0; j < 70; ++j) t.set_key(j / kPageSize, j % kPageSize, 0, 1.0);
+  t.cache[(int64_t{1} * kPageSize + 69 - kPageSize) * kKeyDim + 5] = kE4m3Nan;  // token 69: only row 1 sees it
+  const CoreInputs in = t.inputs(2, 1, 2, 0.5, 1.0);
+  for (int splits : {1, 2}) {
+    const CoreResult r = merge_partials(core_partials(in, splits));
+    EXPECT_TRUE(std::isfinite(lse_at(r, 0, 0))) << splits << " splits";
+    EXPECT_NEAR(latent_at(r, 0, 0, 0), 1.0, 1e-12) << splits << " splits";
+    EXPECT_TRUE(std::isnan(lse_at(r, 1, 0))) << splits << " splits: " << lse_at(r, 1, 0);
+    EXPECT_TRUE(std::isnan(latent_at(r, 1, 0, 0))) << splits << " splits: " << latent_at(r, 1, 0, 0);
+  }
+  // A key whose every visible token is NaN (one token): NaN too, not the empty row.
+  TinyCase one(1, {{0}}, {1}, 1, 1);
+  one.set_query(0, 0, 1.0);
+  one.cache[3] = kE4m3Nan;
+  const CoreResult r = attention_core(one.inputs(1, 1, 1, 0.5, 1.0));
+  EXPECT_TRUE(std::isnan(lse_at(r, 0, 0))) << lse_at(r, 0, 0);
+  EXPECT_TRUE(std::isnan(latent_at(r, 0, 0, 0))) << latent_at(r, 0, 0, 0);
+}
+
+TEST(RefCore, MergeKeepsANanPart) {
+  CoreResult nan_part, finite_part;
+  nan_part.rows = finite_part.rows = 1;
+  nan_part.heads = finite_part.heads = 1;
+  nan_part.latent.assign(kKvLoraRank, std::numeric_limits<double>::quiet_NaN());
+  nan_part.lse = {std::numeric_limits<double>::quiet_NaN()};
+  finite_part.latent.assign(kKvLoraRank, 1.0);
+  finite_part.lse = {0.0};
+  for (const std::vector<CoreResult>& parts : {std::vector<CoreResult>{nan_part}, {finite_part, nan_part},
+                                               {nan_part, finite_part}}) {
+    const CoreResult m = dcp_merge(parts);
+    EXPECT_TRUE(std::isnan(m.lse[0])) << m.lse[0];
+    EXPECT_TRUE(std::isnan(m.latent[0])) << m.latent[0];
+  }
+}
+
 TEST(RefCore, MergeOfOnlyEmptyPartsIsZeroAndMinusInf) {
   CoreResult empty;
   empty.rows = 1, empty.heads = 2;
