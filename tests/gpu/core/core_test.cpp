@@ -45,6 +45,9 @@ struct CoreCase {
   // The checked launch's query comes from a PDL producer that lets its dependents start at once and writes the query
   // ~20 µs later (query::launch_delayed_copy): a split kernel that reads it before its PDL wait sees NaN bytes.
   bool late_query_producer = false;
+  // >= 0: request 0's token of this index gets a NaN byte (e4m3 0x7f) in its key: the rows that see it must come out
+  // NaN (latent and LSE), the others finite (DESIGN.md §4: only rows with nothing visible are 0 and -inf).
+  int nan_key_token = -1;
   uint64_t seed = 1;
 };
 
@@ -108,6 +111,10 @@ TEST_P(CoreTest, MatchesReference) {
         for (int d = 0; d < kKeyDim; ++d) row[d] = sampler(rng);
       }
     }
+  }
+  if (spec.nan_key_token >= 0) {
+    const int token = spec.nan_key_token;
+    cache[block_table[token / kPageSize] * page_stride + int64_t{token % kPageSize} * kKeyDim + 5] = 0x7f;
   }
   std::vector<uint8_t> query(rows * heads * kKeyDim);
   for (auto& byte : query) byte = sampler(rng);
@@ -232,12 +239,22 @@ TEST_P(CoreTest, MatchesReference) {
 
     // ---- Compare ------------------------------------------------------------------------------------
     double worst_rel = 0, worst_lse = 0;
-    int64_t worst_entry = -1, failures = 0, empty = 0;
+    int64_t worst_entry = -1, failures = 0, empty = 0, nan_entries = 0;
     for (int64_t e = 0; e < rows * heads; ++e) {
       const double ref_lse = expected.lse[e];
       const float gpu_lse = got.lse[e];
       const uint16_t* lat = got.latent.data() + e * kKvLoraRank;
       const double* ref_lat = expected.latent.data() + e * kKvLoraRank;
+      if (std::isnan(ref_lse)) {  // a NaN logit among the visible tokens: NaN everywhere (a NaN key byte)
+        ++nan_entries;
+        bool nan = std::isnan(gpu_lse);
+        for (int d = 0; d < kKvLoraRank; ++d) nan = nan && std::isnan(ref::bf16_to_double(lat[d]));
+        if (!nan && failures++ < 5) {
+          ADD_FAILURE() << spec.name << ": entry " << e << " (row " << e / heads << ", head " << e % heads
+                        << ") sees a NaN key but lse " << gpu_lse << ", latent[0] " << ref::bf16_to_double(lat[0]);
+        }
+        continue;
+      }
       if (std::isinf(ref_lse)) {
         ++empty;
         bool zero = gpu_lse == -std::numeric_limits<float>::infinity();
@@ -270,9 +287,10 @@ TEST_P(CoreTest, MatchesReference) {
                       << " vs " << ref_lse << " (bound " << kLseAbsBound << ")";
       }
     }
-    std::printf("[core] %-26s %-26s H=%3d q=%d rows=%4lld splits=%4d  worst latent rel L2 %.3e (entry %lld)  worst |dlse| %.3e  empty %lld\n",
+    std::printf("[core] %-26s %-26s H=%3d q=%d rows=%4lld splits=%4d  worst latent rel L2 %.3e (entry %lld)  worst |dlse| %.3e  empty %lld  NaN %lld\n",
                 spec.name.c_str(), variant.c_str(), heads, spec.q, static_cast<long long>(rows), plan.num_splits,
-                worst_rel, static_cast<long long>(worst_entry), worst_lse, static_cast<long long>(empty));
+                worst_rel, static_cast<long long>(worst_entry), worst_lse, static_cast<long long>(empty),
+                static_cast<long long>(nan_entries));
     EXPECT_EQ(failures, 0);
 
     // ---- The same launch captured in a CUDA graph gives the same bits ------------------------------
@@ -396,6 +414,13 @@ std::vector<CoreCase> cases() {
     CoreCase batch = make("h64_q2_late_query_producer", 64, 2, {3000, 65, 1});
     batch.late_query_producer = true;
     v.push_back(batch);
+  }
+  {
+    // A NaN byte in request 0's last key: with q = 2 only its second row sees it (NaN), the first and request 1's
+    // rows stay finite; split across several CTAs, so the NaN reaches the merge.
+    CoreCase c = with(make("h16_q2_nan_key", 16, 2, {300, 4097}), 3);
+    c.nan_key_token = 299;
+    v.push_back(c);
   }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;
