@@ -1,8 +1,9 @@
 // Benchmark of the FP8 attention core (src/core): the shapes of issue 4 on random (never zero) FP8
 // data, CUDA events over graph replays (a graph of 20-1024 launches, median of the replays), one page set
-// per launch, rotated so that a set is read again only after ~400 MB of others (the L2 holds 50 MB). Reports µs per step, GB/s over the
-// visible KV bytes (576 B per visible token), % of the device-to-device copy bandwidth measured in
-// the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per (visible token x row x head).
+// per launch, rotated so that a set is read again only after ~400 MB of others (the L2 holds 50 MB).
+// Reports µs per step, GB/s over the visible KV bytes (576 B per visible token), % of the device-to-device
+// copy bandwidth measured in the same run (read + write bytes), TFLOP/s at 2 * (576 + 512) FLOP per
+// (visible token x row x head).
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--tile N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]

@@ -307,12 +307,10 @@ HostCopy copy_to_host(const TensorView& device) {
   copy.view = device;
   if (!device.present()) return copy;
   // The elements the view spans (rows of a strided block table end at their last column, not at the stride).
-  int64_t extent = 1;
-  if (device.rank >= 1 && device.shape[0] == 0) {
-    extent = 0;
-  } else if (device.rank >= 1) {
-    extent = (device.shape[0] - 1) * device.stride[0] + (device.rank > 1 ? device.shape[1] : 1);
-  }
+  const int64_t last_row = device.rank > 1 ? device.shape[1] : 1;
+  const int64_t extent = device.rank == 0       ? 1
+                         : device.shape[0] == 0 ? 0
+                                                : (device.shape[0] - 1) * device.stride[0] + last_row;
   copy.bytes.resize(static_cast<size_t>(extent * dtype_size(device.dtype)));
   if (!copy.bytes.empty()) {
     MLA_CUDA_CHECK(cudaMemcpy(copy.bytes.data(), device.data, copy.bytes.size(), cudaMemcpyDeviceToHost));
