@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "common/lse_merge.cuh"
 #include "common/timeline.cuh"
 #include "common/wgmma.cuh"
 #include "core/config.h"
@@ -408,10 +409,11 @@ __device__ __forceinline__ void store_latent4(const CoreParams& p, bool direct, 
 }
 
 // One more split's LSE x (natural log) into a running fold: max_lse the largest so far, sum the sum of exp(lse -
-// max_lse). A larger x rescales the sum to it; -inf (the split's rows see nothing) adds nothing. The first pass of
-// both merges of split partials (the combine kernel, merge_if_last_segment).
+// max_lse). A larger x rescales the sum to it; -inf (the split's rows see nothing) adds nothing; a NaN x (a NaN
+// logit in the split) makes both NaN, and they stay NaN. The first pass of both merges of split partials (the
+// combine kernel, merge_if_last_segment).
 __device__ __forceinline__ void fold_lse(float x, float& max_lse, float& sum) {
-  if (x > max_lse) {
+  if (x > max_lse || x != x) {
     sum = sum * __expf(max_lse - x) + 1.0f;  // max_lse = -inf: sum was 0
     max_lse = x;
   } else if (x != -INFINITY) {
@@ -473,8 +475,8 @@ __device__ __forceinline__ void merge_if_last_segment(const CoreParams& p, const
       for (int u = 0; u < kLseInFlight; ++u) fold_lse(x[u], max_lse, sum);
     }
     row_max[r] = max_lse;
-    row_scale[r] = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
-    p.lse[segment.entry0 + tile_row0 + r] = sum > 0.0f ? max_lse + logf(sum) : -INFINITY;
+    row_scale[r] = sum_weighs(sum) ? __fdividef(p.k_scale, sum) : 0.0f;
+    p.lse[segment.entry0 + tile_row0 + r] = sum_weighs(sum) ? max_lse + logf(sum) : -INFINITY;
   }
   __syncthreads();
   // 2. The latent: (row, 4 dims) items, kItemsInFlight a thread, two slots' loads at a time (each slot's LSE beside
@@ -908,12 +910,12 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     sum0 += smem.row_sum[w][g];
     sum1 += smem.row_sum[w][g + 8];
   }
-  // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN).
-  const float inv0 = sum0 > 0.0f ? 1.0f / sum0 : 0.0f;
-  const float inv1 = sum1 > 0.0f ? 1.0f / sum1 : 0.0f;
+  // Nothing visible: sum 0 -> latent 0, lse -inf (never NaN); a NaN logit: sum NaN -> both NaN.
+  const float inv0 = sum_weighs(sum0) ? 1.0f / sum0 : 0.0f;
+  const float inv1 = sum_weighs(sum1) ? 1.0f / sum1 : 0.0f;
   constexpr float kLn2 = 0.69314718055994531f;
-  const float lse0 = sum0 > 0.0f ? (m_run[0] + log2f(sum0)) * kLn2 : -INFINITY;
-  const float lse1 = sum1 > 0.0f ? (m_run[1] + log2f(sum1)) * kLn2 : -INFINITY;
+  const float lse0 = sum_weighs(sum0) ? (m_run[0] + log2f(sum0)) * kLn2 : -INFINITY;
+  const float lse1 = sum_weighs(sum1) ? (m_run[1] + log2f(sum1)) * kLn2 : -INFINITY;
 
   // ---- Phase 5: stores: the thread holds dims chunk·32 + 16b + 4c + [0, 4) (b = 0, 1) of rows g, g+8 --
   // (tile 2b: dims 4c, 4c + 2 as fragments 0, 1; tile 2b + 1: dims 4c + 1, 4c + 3; rows g + 8: 2, 3).
@@ -1044,7 +1046,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
         for (int half = 0; half < 2; ++half) {
           const int row = half == 0 ? row0 : row1;
           if (row >= rows_m) continue;
-          const float scale = fold_sum[half] > 0.0f ? __fdividef(p.k_scale, fold_sum[half]) : 0.0f;
+          const float scale = sum_weighs(fold_sum[half]) ? __fdividef(p.k_scale, fold_sum[half]) : 0.0f;
           const int64_t entry = entry0 + row;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
@@ -1052,7 +1054,7 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
                           v[half][b][0] * scale, v[half][b][1] * scale, v[half][b][2] * scale, v[half][b][3] * scale);
           }
           if (ch == 0 && warp == 0 && c == 0) {
-            p.lse[entry] = fold_sum[half] > 0.0f ? fold_max[half] + logf(fold_sum[half]) : -INFINITY;
+            p.lse[entry] = sum_weighs(fold_sum[half]) ? fold_max[half] + logf(fold_sum[half]) : -INFINITY;
           }
         }
       }
@@ -1172,14 +1174,14 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
   // The group's first warp: the merged latent chunk (sum of weights `sum` against the reference max `max_lse`) and LSE.
   auto store_combined = [&](const float4& total, float sum, float max_lse) {
     // NOTE: __fdividef (2 ulp; sum is in [1, splits]), not /: the IEEE division's slow-path call made ptxas spill.
-    const float scale = sum > 0.0f ? __fdividef(p.k_scale, sum) : 0.0f;
+    const float scale = sum_weighs(sum) ? __fdividef(p.k_scale, sum) : 0.0f;
     __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * scale, total.y * scale);
     __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * scale, total.w * scale);
     uint2 packed;
     packed.x = *reinterpret_cast<uint32_t*>(&lo);
     packed.y = *reinterpret_cast<uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.latent) + entry * kKvLoraRank + dim) = packed;
-    if (dim == 0) p.lse[entry] = sum > 0.0f ? max_lse + logf(sum) : -INFINITY;
+    if (dim == 0) p.lse[entry] = sum_weighs(sum) ? max_lse + logf(sum) : -INFINITY;
   };
   if constexpr (kSlots == kSlotsUniform) {
     // One request (up to kMaxSplits splits, two or more rounds a warp at > 128): no pass over all the LSEs before the
@@ -1196,7 +1198,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
       float round_max = warp_max;
 #pragma unroll
       for (int u = 0; u < kLoadsInFlight; ++u) {
-        if (s0 + u * p.warps_per_entry < splits) round_max = fmaxf(round_max, round_lse[u]);
+        if (s0 + u * p.warps_per_entry < splits) round_max = max_keep_nan(round_max, round_lse[u]);
       }
       if (round_max == -INFINITY) continue;  // a round of rows that see no token (every LSE -inf): all stays 0
       const float rescale = __expf(warp_max - round_max);  // warp_max = -inf: 0 (sum and acc are 0 too)
@@ -1221,7 +1223,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
 
     if (active && group_warp == 0) {
       float max_lse = warp_max;
-      for (int w = 1; w < p.warps_per_entry; ++w) max_lse = fmaxf(max_lse, warp_max_sum[warp + w].x);
+      for (int w = 1; w < p.warps_per_entry; ++w) max_lse = max_keep_nan(max_lse, warp_max_sum[warp + w].x);
       float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
       float sum = 0.0f;
       if (max_lse != -INFINITY) {
@@ -1244,7 +1246,7 @@ __global__ void __launch_bounds__(kCombineMaxWarps * 32) core_combine_kernel(con
     for (int off = 16; off > 0; off >>= 1) {
       const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, off);
       const float other_sum = __shfl_xor_sync(0xffffffffu, sum, off);
-      const float m = fmaxf(max_lse, other_max);
+      const float m = max_keep_nan(max_lse, other_max);
       sum = m == -INFINITY ? 0.0f : sum * __expf(max_lse - m) + other_sum * __expf(other_max - m);
       max_lse = m;
     }

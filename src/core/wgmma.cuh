@@ -314,7 +314,7 @@ __device__ __forceinline__ void store_ot(const CoreParams& p, const float (&o)[4
       const int row = tile_row0 + n;
       if (row >= rows_m) continue;
       const float sum = row_sum[n];
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const float inv = sum_weighs(sum) ? 1.0f / sum : 0.0f;
       const float scale = direct ? inv * p.k_scale : inv;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -343,11 +343,11 @@ __device__ __forceinline__ void publish_row_sums(const float (&l_run)[kGroups][2
 }
 
 // Row `row` of the request's tile rows: its LSE (natural log) from the running max m (base 2) and the softmax sum;
-// a sum of 0 (nothing visible) gives -inf, never NaN. Written to the latent's LSE (one split) or the split's partial.
+// a sum of 0 (nothing visible) gives -inf, never NaN; a NaN sum (a NaN logit) gives NaN. Written to the latent's LSE (one split) or the split's partial.
 __device__ __forceinline__ void store_row_lse(const CoreParams& p, bool direct, int64_t entry0, int64_t partial_row0,
                                               int row, float m, float sum) {
   constexpr float kLn2 = 0.69314718055994531f;
-  const float lse = sum > 0.0f ? (m + log2f(sum)) * kLn2 : -INFINITY;
+  const float lse = sum_weighs(sum) ? (m + log2f(sum)) * kLn2 : -INFINITY;
   if (direct) {
     p.lse[entry0 + row] = lse;
   } else {

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 
+#include "common/lse_merge.cuh"
 #include "common/timeline.cuh"
 #include "value/config.h"
 #include "value/params.h"
@@ -33,7 +34,7 @@ __device__ __forceinline__ bool is_zero_row(const ValueParams& p, int row) { ret
 // This thread's 8 latent elements [k_begin, k_begin + 8) of (row, head), merged in fp32 from the D
 // partials: weights exp(lse_p - max) / sum, the same as exp(lse_p - lse). NOTE: a partial of weight exactly 0
 // (an empty shard, lse_p = -inf) adds nothing, whatever it holds (a select, not a product); all empty
-// (max = -inf) gives 0 without any exp(-inf - -inf).
+// (max = -inf) gives 0 without any exp(-inf - -inf); a NaN lse_p (a NaN logit on that shard) makes the row NaN.
 // NOTE: every LSE is asked for at once, then the latents kMergeBatch partials at a time, all before the first is
 // weighed: in runtime-length loops, with the latent's load behind the weight's test, ptxas put one round trip a
 // partial in series (a peer GPU's memory under DCP), D of them after the PDL wait. The sums keep the partials' order.
@@ -49,7 +50,7 @@ __device__ __forceinline__ void merged_latent(const ValueParams& p, int row, int
 #pragma unroll
   for (int r = 0; r < kMaxPartials; ++r) {
     lse[r] = r < p.num_partials ? p.partial_lse[r][lse_index] : -INFINITY;
-    lse_max = fmaxf(lse_max, lse[r]);
+    lse_max = max_keep_nan(lse_max, lse[r]);  // a NaN partial (a NaN logit on its shard) makes the row NaN
   }
   if (lse_max == -INFINITY) return;
   const int64_t latent_index = static_cast<int64_t>(row) * p.stride_latent_row + head * kKvLoraRank + k_begin;

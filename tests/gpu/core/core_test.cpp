@@ -45,9 +45,9 @@ struct CoreCase {
   // The checked launch's query comes from a PDL producer that lets its dependents start at once and writes the query
   // ~20 µs later (query::launch_delayed_copy): a split kernel that reads it before its PDL wait sees NaN bytes.
   bool late_query_producer = false;
-  // >= 0: request 0's token of this index gets a NaN byte (e4m3 0x7f) in its key: the rows that see it must come out
+  // Request 0's tokens of these indices get a NaN byte (e4m3 0x7f) in their keys: the rows that see one must come out
   // NaN (latent and LSE), the others finite (DESIGN.md §4: only rows with nothing visible are 0 and -inf).
-  int nan_key_token = -1;
+  std::vector<int> nan_key_tokens;
   uint64_t seed = 1;
 };
 
@@ -112,8 +112,7 @@ TEST_P(CoreTest, MatchesReference) {
       }
     }
   }
-  if (spec.nan_key_token >= 0) {
-    const int token = spec.nan_key_token;
+  for (const int token : spec.nan_key_tokens) {
     cache[block_table[token / kPageSize] * page_stride + int64_t{token % kPageSize} * kKeyDim + 5] = 0x7f;
   }
   std::vector<uint8_t> query(rows * heads * kKeyDim);
@@ -419,8 +418,19 @@ std::vector<CoreCase> cases() {
     // A NaN byte in request 0's last key: with q = 2 only its second row sees it (NaN), the first and request 1's
     // rows stay finite; split across several CTAs, so the NaN reaches the merge.
     CoreCase c = with(make("h16_q2_nan_key", 16, 2, {300, 4097}), 3);
-    c.nan_key_token = 299;
+    c.nan_key_tokens = {299};
     v.push_back(c);
+    // A NaN key in every page of request 0, so that every split of its rows is NaN: a merge whose maximum dropped
+    // NaN LSEs (fmaxf) or whose sums tested > 0 gave these rows 0 and -inf. One request (the uniform combine) at 17
+    // splits, and a batch (flat slots) at H 64 (the ping-pong kernel).
+    CoreCase one = with(make("h16_q1_nan_every_split", 16, 1, {4097}), 17);
+    CoreCase batch = with(make("h64_q1_nan_every_split", 64, 1, {4097, 130}), 3);
+    for (int token = 7; token < 4097; token += kPageSize) {
+      one.nan_key_tokens.push_back(token);
+      batch.nan_key_tokens.push_back(token);
+    }
+    v.push_back(one);
+    v.push_back(batch);
   }
   for (size_t i = 0; i < v.size(); ++i) v[i].seed = 100 + i;
   return v;

@@ -3,7 +3,8 @@
 // and LSEs [rows, D*H]. The kernel merges in fp32 and does not round the merged latent, so the
 // reference gets the unrounded merge: outputs within one bf16 step (rounding boundaries) or 1e-4 of
 // the slice RMS where a dot product cancels. Empty shards (lse = -inf) hold NaN latents here: they must
-// weigh exactly 0; an all-empty (row, head) gives exactly 0; zero rows exactly +0.
+// weigh exactly 0; an all-empty (row, head) gives exactly 0; zero rows exactly +0. One (row, head) has a NaN LSE on
+// rank 0 only and one on every rank (a NaN logit on those shards): both must come out NaN, as the reference's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -75,9 +76,21 @@ void run_case(const MergeCase& c, uint64_t seed) {
       }
     }
   }
-  const ref::CoreResult merged = ref::dcp_merge(own);
   std::vector<bool> zero_rows(rows);
   for (int64_t r = 0; r < rows; ++r) zero_rows[r] = r / c.q >= step.num_requests || step.lengths[r / c.q] == 0;
+  // The NaN entries: this rank's first and last head of the last row that is not a zero row (heads >= 2 here).
+  int64_t nan_row = rows - 1;
+  while (nan_row > 0 && zero_rows[nan_row]) --nan_row;
+  ASSERT_FALSE(zero_rows[nan_row]);
+  ASSERT_GE(c.heads, 2);
+  for (int p = 0; p < c.size; ++p) {
+    for (const int h : {0, c.heads - 1}) {
+      if (h == 0 && p > 0) continue;  // head 0: rank 0's partial only; the last head: every rank's
+      lse[p][nan_row * core_heads + c.rank * c.heads + h] = std::numeric_limits<float>::quiet_NaN();
+      own[p].lse[nan_row * c.heads + h] = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  const ref::CoreResult merged = ref::dcp_merge(own);
   std::vector<uint16_t> expected(rows * c.heads * kVHeadDim);
   ref::value_stage(merged.latent, layer.weights(), layer.dims, step.projected_view(), zero_rows, expected.data());
 
@@ -124,10 +137,18 @@ void run_case(const MergeCase& c, uint64_t seed) {
 
   const std::vector<uint16_t> got = d_out.download();
   const std::vector<double> slice_rms = test::slice_rms(expected);  // scale of the fp32 rounding allowance
-  int64_t mismatches = 0;
+  int64_t mismatches = 0, nan_elements = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const int64_t row = static_cast<int64_t>(i) / (c.heads * kVHeadDim);
     const bool all_empty = merged.lse[i / kVHeadDim] == -kInf;
+    if (!zero_rows[row] && std::isnan(merged.lse[i / kVHeadDim])) {  // a NaN partial: the reference's out is NaN
+      ++nan_elements;
+      if (!(std::isnan(synth::bf16_value(got[i])) && std::isnan(synth::bf16_value(expected[i]))) && ++mismatches <= 5) {
+        ADD_FAILURE() << "element " << i << " (row " << row << ") merges a NaN LSE: got " << synth::bf16_value(got[i])
+                      << " expected " << synth::bf16_value(expected[i]);
+      }
+      continue;
+    }
     if (zero_rows[row] || all_empty) {
       if (got[i] != 0) ++mismatches;  // exactly +0: a zero latent times the gate
       continue;
@@ -141,6 +162,7 @@ void run_case(const MergeCase& c, uint64_t seed) {
     }
   }
   EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(nan_elements, 2 * kVHeadDim);  // both NaN entries reached the comparison
 }
 
 TEST(ValueKernelDcpMerge, RanksHeadsAndRows) {
