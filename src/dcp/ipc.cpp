@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,39 +69,48 @@ class DeviceGuard {
 
 std::unique_ptr<IpcDcp::Mapping> IpcDcp::map_blocks(DcpBootstrap& bootstrap, int interleave, int num_heads,
                                                      int64_t max_rows, int device_index, int wait_timeout_ms) {
-  // ---- Everything checkable without CUDA first.
   const int size = bootstrap.size(), rank = bootstrap.rank();
-  dcp::validate_sizes(size, interleave, num_heads, max_rows);
-  if (rank < 0 || rank >= size) {
+  if (rank < 0 || rank >= size) {  // a broken bootstrap: no exchange can run
     throw_bad_argument("dcp bootstrap rank", "in [0, " + std::to_string(size) + ")", std::to_string(rank));
   }
-  if (device_index < 0) throw_bad_argument("dcp device_index", ">= 0", std::to_string(device_index));
-  if (wait_timeout_ms < 1) throw_bad_argument("dcp wait_timeout_ms", ">= 1", std::to_string(wait_timeout_ms));
-  const DcpBufferLayout layout = dcp_buffer_layout(size, num_heads, max_rows);
-
+  // ---- This rank's checks (everything checkable without CUDA first) and its blocks. A failure here may be this rank's
+  // alone (its device index, an allocation refused), so the ranks agree on success before the record exchange: a rank
+  // that threw before it left its peers waiting in that all-gather.
   auto mapping = std::make_unique<Mapping>();
   mapping->device_index = device_index;
   mapping->rank = rank;
   mapping->size = size;
-  DeviceGuard guard(device_index);
-
-  // ---- This rank's blocks, zeroed (epochs and signals start at 0; a finite latent / LSE everywhere)
-  // and complete before any peer learns of them, so no peer's early signal is wiped.
-  const size_t bytes = 2 * layout.block_bytes;
-  MLA_CUDA_CHECK(cudaMalloc(&mapping->own, bytes));
-  MLA_CUDA_CHECK(cudaMemset(mapping->own, 0, bytes));
-  MLA_CUDA_CHECK(cudaDeviceSynchronize());
-
+  DcpBufferLayout layout;
+  std::optional<DeviceGuard> guard;
   dcp::IpcRankRecord mine;
-  mine.rank = rank;
-  mine.size = size;
-  mine.interleave = interleave;
-  mine.num_heads = num_heads;
-  mine.max_rows = max_rows;
-  mine.block_bytes = layout.block_bytes;
-  mine.process_id = static_cast<int64_t>(getpid());
-  mine.device_uuid = device_uuid(device_index);
-  MLA_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, mapping->own));
+  std::string failure;
+  try {
+    dcp::validate_sizes(size, interleave, num_heads, max_rows);
+    if (device_index < 0) throw_bad_argument("dcp device_index", ">= 0", std::to_string(device_index));
+    if (wait_timeout_ms < 1) throw_bad_argument("dcp wait_timeout_ms", ">= 1", std::to_string(wait_timeout_ms));
+    layout = dcp_buffer_layout(size, num_heads, max_rows);
+    guard.emplace(device_index);
+
+    // This rank's blocks, zeroed (epochs and signals start at 0; a finite latent / LSE everywhere) and complete
+    // before any peer learns of them, so no peer's early signal is wiped.
+    const size_t bytes = 2 * layout.block_bytes;
+    MLA_CUDA_CHECK(cudaMalloc(&mapping->own, bytes));
+    MLA_CUDA_CHECK(cudaMemset(mapping->own, 0, bytes));
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+
+    mine.rank = rank;
+    mine.size = size;
+    mine.interleave = interleave;
+    mine.num_heads = num_heads;
+    mine.max_rows = max_rows;
+    mine.block_bytes = layout.block_bytes;
+    mine.process_id = static_cast<int64_t>(getpid());
+    mine.device_uuid = device_uuid(device_index);
+    MLA_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, mapping->own));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  dcp::agree_all_succeeded(bootstrap, failure, "check its arguments and allocate its blocks");
 
   const std::vector<uint8_t> packed = dcp::pack(mine);
   std::vector<uint8_t> all(packed.size() * size);
@@ -108,7 +118,6 @@ std::unique_ptr<IpcDcp::Mapping> IpcDcp::map_blocks(DcpBootstrap& bootstrap, int
 
   // ---- Check every record, then map the peers' blocks. A failure here may be one rank's alone (a GPU it does not see,
   // no peer access, an IPC open refused), so every rank learns of it before any of them returns a group.
-  std::string failure;
   try {
     std::vector<dcp::IpcRankRecord> records;
     for (int p = 0; p < size; ++p) {

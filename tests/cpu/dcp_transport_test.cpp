@@ -1,6 +1,7 @@
 // DCP transports without a GPU: FileBootstrap's all-gather among threads (each its own rank, as
 // processes would be), its errors and timeouts, the CUDA-IPC record's packing and peer checks, and
 // IpcDcp's argument validation (all before its first CUDA call).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -224,13 +225,16 @@ TEST(IpcRecord, PeersMustMatchThisRanksGroup) {
   EXPECT_ERROR_HAS(dcp::check_peer(mine, r, 1), "dcp peer 1: process: expected another process than rank 0's");
 }
 
-// A bootstrap that only reports a rank and size (IpcDcp's checks come before any exchange).
+// A bootstrap of one rank whose peers always send what it does (IpcDcp's own checks come before any exchange but
+// the ranks' agreement on them, where this rank's failure is its own error).
 class FixedBootstrap final : public DcpBootstrap {
  public:
   FixedBootstrap(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_gather(const void*, size_t, void*) override { throw Error("FixedBootstrap: no exchange in this test"); }
+  void all_gather(const void* mine, size_t bytes, void* all) override {
+    for (int p = 0; p < size_; ++p) std::memcpy(static_cast<uint8_t*>(all) + p * bytes, mine, bytes);
+  }
 
  private:
   int rank_, size_;
@@ -246,6 +250,31 @@ TEST(IpcDcp, ValidatesBeforeAnyCudaCall) {
   EXPECT_ERROR_HAS(IpcDcp(good, 64, 12, 0, 0), "dcp max_rows: expected >= 1, got 0");
   EXPECT_ERROR_HAS(IpcDcp(good, 64, 12, 8, -1), "dcp device_index: expected >= 0, got -1");
   EXPECT_ERROR_HAS(IpcDcp(good, 64, 12, 8, 0, 0), "dcp wait_timeout_ms: expected >= 1, got 0");
+}
+
+// One rank's own bad argument: every rank throws; none waits in the record exchange for the rank that stopped (there
+// it would time out, or with NcclBootstrap hang). Where this process sees a GPU, the other rank allocates its blocks
+// and then learns of rank 0's failure; without one its own CUDA error stops it first.
+TEST(IpcDcp, EveryRankThrowsWhereOneHasABadArgument) {
+  TempDir dir;
+  constexpr int kSize = 2;
+  std::vector<std::string> errors(kSize);
+  std::vector<std::thread> ranks;
+  for (int k = 0; k < kSize; ++k) {
+    ranks.emplace_back([&, k] {
+      FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/20000);
+      errors[k] = error_of([&] { IpcDcp group(boot, 64, 12, 8, /*device_index=*/k == 0 ? -1 : 0); });
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_NE(errors[0].find("dcp device_index: expected >= 0, got -1"), std::string::npos) << errors[0];
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    EXPECT_EQ(errors[1], "dcp rank 1: rank 0 of 2 failed to check its arguments and allocate its blocks (its own error "
+                         "says why), so this rank stops too");
+  } else {
+    EXPECT_NE(errors[1], "no error");
+  }
 }
 
 }  // namespace
