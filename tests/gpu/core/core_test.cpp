@@ -425,7 +425,7 @@ std::vector<CoreCase> cases() {
     // splits, and a batch (flat slots) at H 64 (the ping-pong kernel).
     CoreCase one = with(make("h16_q1_nan_every_split", 16, 1, {4097}), 17);
     CoreCase batch = with(make("h64_q1_nan_every_split", 64, 1, {4097, 130}), 3);
-    for (int token = 7; token < 4097; token += kPageSize) {
+    for (int token = 0; token < 4097; token += kPageSize) {  // the first token of each of the 65 pages
       one.nan_key_tokens.push_back(token);
       batch.nan_key_tokens.push_back(token);
     }
