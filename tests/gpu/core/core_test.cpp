@@ -42,8 +42,9 @@ struct CoreCase {
   int64_t page_pad_bytes = 0;    // page stride = 64*576 + this
   double logit_std = 2.0;        // spread of the natural-log logits
   int64_t max_context = int64_t{1} << 17;
-  // The checked launch's query comes from a PDL producer that lets its dependents start at once and writes the query
-  // ~20 µs later (query::launch_delayed_copy): a split kernel that reads it before its PDL wait sees NaN bytes.
+  // The checked launch's query and this step's cache rows (each request's newest q) come from a PDL producer that lets
+  // its dependents start at once and writes them ~20 µs later (query::launch_delayed_copy): a split kernel that reads
+  // either before its PDL wait sees NaN bytes. The older rows it may read before (first_page_before_wait).
   bool late_query_producer = false;
   // Request 0's tokens of these indices get a NaN byte (e4m3 0x7f) in their keys: the rows that see one must come out
   // NaN (latent and LSE), the others finite (DESIGN.md §4: only rows with nothing visible are 0 and -inf).
@@ -146,7 +147,20 @@ TEST_P(CoreTest, MatchesReference) {
   test::DeviceBuffer<float> d_lse(rows * heads);
   d_query.upload(query);
   test::DeviceBuffer<uint8_t> d_query_source(spec.late_query_producer ? query.size() : 1);
-  if (spec.late_query_producer) d_query_source.upload(query);
+  test::DeviceBuffer<uint8_t> d_cache_source(spec.late_query_producer ? cache.size() : 1);
+  std::vector<uint8_t> cache_before_step;  // the cache with this step's rows NaN until the producer writes them
+  if (spec.late_query_producer) {
+    d_query_source.upload(query);
+    d_cache_source.upload(cache);
+    cache_before_step = cache;
+    for (int b = 0; b < num_requests; ++b) {
+      for (int t = std::max(0, lengths[b] - spec.q); t < lengths[b]; ++t) {
+        std::fill_n(cache_before_step.begin() + block_table[b * stride_table + t / kPageSize] * page_stride +
+                        int64_t{t % kPageSize} * kKeyDim,
+                    kKeyDim, uint8_t{0x7f});
+      }
+    }
+  }
   d_cache.upload(cache);
   d_table.upload(block_table);
   if (num_requests > 0) {
@@ -221,10 +235,12 @@ TEST_P(CoreTest, MatchesReference) {
       args.l2_prefetch_bytes = launch == 1 ? rows * heads * int64_t{kKeyDim} : 0;
       if (spec.late_query_producer && launch == 1) {
         d_query.poison(0x7f);  // e4m3 NaN until the producer's copy lands
+        d_cache.upload(cache_before_step);
         MLA_CUDA_CHECK(cudaDeviceSynchronize());  // the memset runs on the legacy stream, ours does not wait
         cudaStream_t stream;
         MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        query::launch_delayed_copy(d_query.get(), d_query_source.get(), query.size(), 20000, stream);
+        query::launch_delayed_copy(d_query.get(), d_query_source.get(), query.size(), 20000, stream, d_cache.get(),
+                                   d_cache_source.get(), cache.size());
         core::launch_core(plan, args, stream);
         MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
         MLA_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -413,6 +429,11 @@ std::vector<CoreCase> cases() {
     CoreCase batch = make("h64_q2_late_query_producer", 64, 2, {3000, 65, 1});
     batch.late_query_producer = true;
     v.push_back(batch);
+    // One-page splits, q = 4 at length 4098: the splits of pages 63 and 64 begin on a page that holds this step's rows
+    // (4094-4097), page 63 a full one, so only the rule's "- q" keeps it after the wait; page 62's split may go before.
+    CoreCase new_rows = with(make("h16_q4_late_producer_split_on_new_rows", 16, 4, {4098}), 100);
+    new_rows.late_query_producer = true;
+    v.push_back(new_rows);
   }
   {
     // A NaN byte in request 0's last key: with q = 2 only its second row sees it (NaN), the first and request 1's
