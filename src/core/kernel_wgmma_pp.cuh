@@ -47,9 +47,10 @@ __device__ __forceinline__ bool named_barrier_or(uint32_t id, uint32_t threads, 
   return any != 0;
 }
 
-// Named barriers (0 is __syncthreads): warpgroup w's vote and its row max exchange.
+// Named barriers (0 is __syncthreads): warpgroup w's vote, its row max exchange and its page refill.
 __device__ __forceinline__ uint32_t vote_barrier(int wg) { return 1 + wg; }
 __device__ __forceinline__ uint32_t row_barrier(int wg) { return 3 + wg; }
+__device__ __forceinline__ uint32_t refill_barrier(int wg) { return 5 + wg; }
 
 }  // namespace wgmma_pp_detail
 
@@ -186,10 +187,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
     // ptxas C7515, as the loop-skipped path defines the accumulators).
     wgmma_wait<0>();
     fence_accumulators<kTileN>(o);
-    // Refill this warpgroup's part of the slot only now: the last k16 step's wgmma, complete, was issued by all four
-    // warps, so each has read its V fragments of tokens 48-63. After wgmma_wait<1> only the third step's were known
-    // read, and one warp's copy could land in bytes a lagging warp of the warpgroup had still to load.
-    if (k + kStages < my_pages) issue_own_part(k + kStages);
+    // Refill this warpgroup's part of the slot only once all four of its warps have read their V fragments of the
+    // page: a named barrier of the warpgroup. Its wgmma completing orders nothing between one warp's shared loads and
+    // another warp's copies (each warp's MMAs may complete on its own sub-partition), and after wgmma_wait<1> not even
+    // this warp's fourth k16 step was known read.
+    if (k + kStages < my_pages) {
+      named_barrier_sync(refill_barrier(wg), 128);
+      issue_own_part(k + kStages);
+    }
   };
 
   // ---- Phase 3: the page loop: this warpgroup's own pages k (g0 + k = wg, wg + 2, ...) -------------------
