@@ -545,6 +545,45 @@ __device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t tot
   return total - p.q + row / p.num_heads;
 }
 
+// Whether some row of a tile (causal bounds >= bound_min) cannot see a token of the page at page_token0 within the
+// length (the newest q - 1 tokens of a request for its earlier rows).
+__device__ __forceinline__ bool page_hides_tokens(const CoreParams& p, int64_t page_token0, int length,
+                                                  int64_t bound_min) {
+  return global_position(min(page_token0 + kPageSize, int64_t{length}) - 1, p) > bound_min;
+}
+
+// Each e4m3 NaN byte (0x7f, 0xff) of a word set to 0.
+__device__ __forceinline__ uint32_t e4m3_nan_to_zero(uint32_t w) {
+  const uint32_t nan = ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;  // bit 7 of each byte whose low 7 bits are 1
+  return w & ~((nan >> 7) * 0xffu);
+}
+
+// The V bytes (dims 0-511) of the page's tokens that some row of the tile cannot see, their NaN bytes set to 0, by
+// `threads` threads from `t`, after the page's Q·K^T and before its P·V. Such a token's P is 0 in those rows, but in
+// the P·V MMA 0 x NaN is NaN: a NaN byte in a token a row cannot see made that row NaN, where the reference (DESIGN.md
+// §4: a row sees only its visible tokens) keeps it finite. The rows that see the token stay NaN through its logit:
+// the same byte is in K, already read. Those tokens are at most the newest q - 1 of the request (global positions
+// after the tile's smallest causal bound), so only the page's last kMaxQueries rows within the length are looked at.
+// `v_chunk(row, i)`: 16-byte chunk i (0-31) of token row `row`'s V bytes in the page's layout (any chunk order).
+template <typename ChunkAddress>
+__device__ __forceinline__ void zero_hidden_v_nans(const CoreParams& p, int64_t page_token0, int length,
+                                                   int64_t bound_min, int t, int threads, ChunkAddress v_chunk) {
+  constexpr int kChunks = kKvLoraRank / 16;
+  const int token0 = static_cast<int>(page_token0);  // a request's tokens fit int (its length)
+  const int valid = min(kPageSize, length - token0);  // rows within the length
+  for (int idx = t; idx < kMaxQueries * kChunks; idx += threads) {
+    const int row = valid - kMaxQueries + idx / kChunks;
+    if (row < 0 || global_position(token0 + row, p) <= bound_min) continue;
+    uint4* chunk = v_chunk(row, idx % kChunks);
+    uint4 v = *chunk;
+    v.x = e4m3_nan_to_zero(v.x);
+    v.y = e4m3_nan_to_zero(v.y);
+    v.z = e4m3_nan_to_zero(v.z);
+    v.w = e4m3_nan_to_zero(v.w);
+    *chunk = v;
+  }
+}
+
 }  // namespace detail
 
 // kStages: page ring depth (2: two CTAs per SM; 3, 4: one). kSlots: the CTA slots' deal (config.h): uniform
@@ -752,6 +791,14 @@ __global__ void __launch_bounds__(kNumThreads, kMinBlocksPerSm)
     // 3b. (first k half) Add the partials, scale to base-2 logits, mask (only pages that reach past a
     // causal bound or the length).
     const int64_t page_token0 = int64_t{page_begin + it} * kPageSize;
+    // (second k half, idle until barrier (B)) NaN bytes out of the V rows of tokens some row cannot see: every
+    // warp's Q·K^T of the page is done (A0), its P·V comes after (B).
+    if (k_half == 1 && page_hides_tokens(p, page_token0, length, bound_min)) {
+      zero_hidden_v_nans(p, page_token0, length, bound_min, threadIdx.x - kNumThreads / 2, kNumThreads / 2,
+                         [&](int row, int i) { return reinterpret_cast<uint4*>(&smem.kv[stage][row][0]) + i; });
+      // A later segment's bulk copy (the async proxy) may write this stage again: order these generic stores first.
+      ::mla::wgmma::fence_proxy_async();
+    }
     if (k_half == 0) {
       const bool full_page = page_token0 + kPageSize <= length &&
                              global_position(page_token0 + kPageSize - 1, p) <= bound_min;

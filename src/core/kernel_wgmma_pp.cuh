@@ -294,6 +294,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) core_wgmma_pp_kernel(const __gr
         }
     }
     if (wt == 0) smem.raised[buf] = raised ? 1u : 0u;
+    // NaN bytes out of the V rows of tokens some row cannot see (zero_hidden_v_nans): every warp of this warpgroup was
+    // done with the page's K at the vote; both warpgroups read its V after p_full.
+    if (!full_page && page_hides_tokens(p, page_token0, length, bound_min)) {
+      zero_hidden_v_nans(p, page_token0, length, bound_min, wt, 128, [&](int row, int i) {
+        return reinterpret_cast<uint4*>(smem.kv[stage] + (i / 4) * kPageBlockBytes + row * kSw64Bytes) + i % 4;
+      });
+    }
     fence_proxy_async();  // P^T is read by both warpgroups' wgmma (the async proxy)
     mbar_arrive(&smem.p_full[buf]);
 
