@@ -44,7 +44,8 @@ struct CoreCase {
   int64_t max_context = int64_t{1} << 17;
   // The checked launch's query and this step's cache rows (each request's newest q) come from a PDL producer that lets
   // its dependents start at once and writes them ~20 µs later (query::launch_delayed_copy): a split kernel that reads
-  // either before its PDL wait sees NaN bytes. The older rows it may read before (first_page_before_wait).
+  // either before its PDL wait sees NaN bytes. Older rows are complete before the producer starts, as an earlier
+  // step's are (bench/results/patches/core-first-page-before-wait.patch read them before the wait; not merged).
   bool late_query_producer = false;
   // Request 0's tokens of these indices get a NaN byte (e4m3 0x7f) in their keys: the rows that see one must come out
   // NaN (latent and LSE), the others finite (DESIGN.md §4: only rows with nothing visible are 0 and -inf).
