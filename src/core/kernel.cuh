@@ -30,6 +30,7 @@
 #include "common/timeline.cuh"
 #include "common/wgmma.cuh"
 #include "core/config.h"
+#include "core/fp8_bits.h"
 #include "core/params.h"
 #include "core/split_rule.h"
 
@@ -550,12 +551,6 @@ __device__ __forceinline__ int64_t causal_bound(const CoreParams& p, int64_t tot
 __device__ __forceinline__ bool page_hides_tokens(const CoreParams& p, int64_t page_token0, int length,
                                                   int64_t bound_min) {
   return global_position(min(page_token0 + kPageSize, int64_t{length}) - 1, p) > bound_min;
-}
-
-// Each e4m3 NaN byte (0x7f, 0xff) of a word set to 0.
-__device__ __forceinline__ uint32_t e4m3_nan_to_zero(uint32_t w) {
-  const uint32_t nan = ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;  // bit 7 of each byte whose low 7 bits are 1
-  return w & ~((nan >> 7) * 0xffu);
 }
 
 // The V bytes (dims 0-511) of the page's tokens that some row of the tile cannot see, their NaN bytes set to 0, by
