@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,28 +34,32 @@ struct TempDir {
   ~TempDir() { std::filesystem::remove_all(path); }
 };
 
+// Runs body(k) for ranks k = 0..size - 1, each on its own thread (each its own rank, as processes would be), and
+// returns once all have.
+void on_rank_threads(int size, const std::function<void(int)>& body) {
+  std::vector<std::thread> ranks;
+  for (int k = 0; k < size; ++k) ranks.emplace_back(body, k);
+  for (std::thread& t : ranks) t.join();
+}
+
 TEST(FileBootstrap, AllGathersAmongRanksRepeatedly) {
   constexpr int kSize = 4, kCalls = 5;
   TempDir dir;
   std::vector<std::vector<uint32_t>> got(kSize);
   std::vector<std::string> errors(kSize);
-  std::vector<std::thread> ranks;
-  for (int k = 0; k < kSize; ++k) {
-    ranks.emplace_back([&, k] {
-      errors[k] = error_of([&] {
-        FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
-        EXPECT_EQ(boot.rank(), k);
-        EXPECT_EQ(boot.size(), kSize);
-        for (int call = 0; call < kCalls; ++call) {
-          const uint32_t mine[2] = {uint32_t(100 * call + k), uint32_t(0xabc0000 + k)};
-          std::vector<uint32_t> all(2 * kSize);
-          boot.all_gather(mine, sizeof(mine), all.data());
-          got[k].insert(got[k].end(), all.begin(), all.end());
-        }
-      });
+  on_rank_threads(kSize, [&](int k) {
+    errors[k] = error_of([&] {
+      FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
+      EXPECT_EQ(boot.rank(), k);
+      EXPECT_EQ(boot.size(), kSize);
+      for (int call = 0; call < kCalls; ++call) {
+        const uint32_t mine[2] = {uint32_t(100 * call + k), uint32_t(0xabc0000 + k)};
+        std::vector<uint32_t> all(2 * kSize);
+        boot.all_gather(mine, sizeof(mine), all.data());
+        got[k].insert(got[k].end(), all.begin(), all.end());
+      }
     });
-  }
-  for (std::thread& t : ranks) t.join();
+  });
   for (int k = 0; k < kSize; ++k) {
     EXPECT_EQ(errors[k], "no error") << "rank " << k;
     ASSERT_EQ(got[k].size(), size_t{2} * kSize * kCalls);
@@ -110,18 +115,14 @@ TEST(DcpAgreement, EveryRankThrowsWhereOneFailed) {
   TempDir dir;
   constexpr int kSize = 3;
   std::vector<std::string> errors(kSize);
-  std::vector<std::thread> ranks;
-  for (int k = 0; k < kSize; ++k) {
-    ranks.emplace_back([&, k] {
-      FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
-      const std::string failure = k == 1 ? "dcp peer 0: GPU: expected one this process sees" : "";
-      errors[k] = error_of([&] { dcp::agree_all_succeeded(boot, failure, "map the group's blocks"); });
-      // Then all succeed: nobody throws.
-      const std::string again = error_of([&] { dcp::agree_all_succeeded(boot, "", "map the group's blocks"); });
-      if (again != "no error") errors[k] += " | second agreement: " + again;
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  on_rank_threads(kSize, [&](int k) {
+    FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/10000);
+    const std::string failure = k == 1 ? "dcp peer 0: GPU: expected one this process sees" : "";
+    errors[k] = error_of([&] { dcp::agree_all_succeeded(boot, failure, "map the group's blocks"); });
+    // Then all succeed: nobody throws.
+    const std::string again = error_of([&] { dcp::agree_all_succeeded(boot, "", "map the group's blocks"); });
+    if (again != "no error") errors[k] += " | second agreement: " + again;
+  });
   EXPECT_EQ(errors[1], "dcp peer 0: GPU: expected one this process sees");
   for (int k : {0, 2}) {
     EXPECT_EQ(errors[k], "dcp rank " + std::to_string(k) +
@@ -259,14 +260,10 @@ TEST(IpcDcp, EveryRankThrowsWhereOneHasABadArgument) {
   TempDir dir;
   constexpr int kSize = 2;
   std::vector<std::string> errors(kSize);
-  std::vector<std::thread> ranks;
-  for (int k = 0; k < kSize; ++k) {
-    ranks.emplace_back([&, k] {
-      FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/20000);
-      errors[k] = error_of([&] { IpcDcp group(boot, 64, 12, 8, /*device_index=*/k == 0 ? -1 : 0); });
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  on_rank_threads(kSize, [&](int k) {
+    FileBootstrap boot(dir.path, k, kSize, /*timeout_ms=*/20000);
+    errors[k] = error_of([&] { IpcDcp group(boot, 64, 12, 8, /*device_index=*/k == 0 ? -1 : 0); });
+  });
   EXPECT_NE(errors[0].find("dcp device_index: expected >= 0, got -1"), std::string::npos) << errors[0];
   int devices = 0;
   if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
