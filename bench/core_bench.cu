@@ -7,7 +7,7 @@
 //
 //   core_bench [--out results.md] [--variant planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...]
 //              [--small-batch] [--splits N ...] [--tile N ...] [--shape BATCHxCONTEXTxHxQ[v] ...] [--stock]
-//              [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]
+//              [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline] [--read-floor]
 // The last shapes are varlen batches: lengths spread +-50 % around the mean context. --small-batch
 // times the latency-bound shapes of a decode step instead (batch 1, 4, 16 x 4k, 32k x H 12, 96; H 12 x q 2, 4),
 // each --splits N forces that split count (0 = planned) to find where the split plan should stop, each --tile N
@@ -28,6 +28,8 @@
 // --timeline (a build configured with -DMLA_TIMELINE=ON) prints after each row where the core's time goes: per launch
 // the split kernel's and the combine's spans and the gaps between them, and each kernel's phases (core/config.h,
 // CoreMark / CombineMark; common/timeline.cuh). Compare its timings only with other timeline builds.
+// --read-floor also times a kernel that only reads the same visible KV bytes (bench/page_read_floor.cuh) in the same
+// way: the part of a shape's time that the bytes alone take at that size (launch, first latency and tail included).
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -51,6 +53,7 @@
 #include "core/config.h"
 #include "core/launch.h"
 #include "mla/dims.h"
+#include "page_read_floor.cuh"
 #include "peer_core.h"
 #include "synthetic.h"
 #include "timeline_report.h"
@@ -126,6 +129,7 @@ struct Result {
   std::string peer_note;
   double peer_lse_diff = 0, peer_latent_err = 0;  // as the stock ones, peer vs ours
   std::string timeline;        // with --timeline (an MLA_TIMELINE build): the per-phase report
+  double read_us = 0;          // with --read-floor: bench/page_read_floor.cuh's read of the same bytes
 };
 
 // --timeline (an MLA_TIMELINE build): kTimelineLaunches back-to-back PDL launches of the core (split kernel, then the
@@ -228,7 +232,8 @@ constexpr int kMinLaunches = 20;     // launches a timed graph holds at least
 constexpr int kMaxLaunches = 1024;   // and at most (one per page set: the rotation that keeps the L2 cold)
 
 Result bench_shape(const Shape& s, const Variant& variant, int num_splits, int tile_rows, double copy_gbs,
-                   cublasHandle_t stock, const PeerCore* peer, bool l2_resident, int64_t max_context, bool timeline) {
+                   cublasHandle_t stock, const PeerCore* peer, bool l2_resident, int64_t max_context, bool timeline,
+                   bool read_floor) {
   const int64_t rows = int64_t{s.batch} * s.q;
   const int max_length = static_cast<int>(s.context * (1.0 + s.spread)) + 1;
   const int pages_per_request = (max_length + mla::kPageSize - 1) / mla::kPageSize;
@@ -322,6 +327,32 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, int t
   r.kernel = plan.kernel;
   r.tile_rows = plan.tile_rows;
   if (timeline) r.timeline = core_timeline(plan, core_args, stream);
+  if (read_floor) {
+    uint32_t* words;  // [0]: the sink, [1]: the check
+    MLA_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof(uint32_t)));
+    MLA_CUDA_CHECK(cudaMemset(words, 0, 2 * sizeof(uint32_t)));
+    const int ctas = mla::bench::read_floor_ctas();
+    auto read = [&](int i, uint32_t* check) {
+      const mla::bench::ReadFloorParams params{.cache = cache, .stride_cache_page = page_bytes,
+                                               .block_table = tables + (i % num_sets) * pages_per_set,
+                                               .stride_block_table = pages_per_request, .lengths = lengths,
+                                               .num_requests = s.batch, .never = 0x5a5a5a5au, .sink = words,
+                                               .check = check};
+      mla::bench::launch_read_floor(params, ctas, stream);
+    };
+    r.read_us = mla::timing::time_graph_us(stream, [&](int i) { read(i, nullptr); }, launches, /*replays=*/10);
+    // A floor that skipped bytes would be no floor: set 0 read once more, its XOR against the host's.
+    read(0, words + 1);
+    uint32_t device_xor = 0;
+    MLA_CUDA_CHECK(cudaMemcpyAsync(&device_xor, words + 1, sizeof device_xor, cudaMemcpyDeviceToHost, stream));
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> pool(pool_pages * page_bytes);
+    MLA_CUDA_CHECK(cudaMemcpy(pool.data(), cache, pool.size(), cudaMemcpyDeviceToHost));
+    const uint32_t host_xor =
+        mla::bench::page_set_xor(pool.data(), page_bytes, table.data(), pages_per_request, len.data(), s.batch);
+    if (device_xor != host_xor) throw std::runtime_error("--read-floor: the read kernel missed or added bytes");
+    MLA_CUDA_CHECK(cudaFree(words));
+  }
   if (stock != nullptr) {
     MLA_CUBLAS_CHECK(cublasSetStream(stock, stream));
     mla::bench::StockCore composition(s.batch, s.q, s.heads, max_length, pages_per_request, page_bytes);
@@ -383,7 +414,7 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   std::vector<int> split_counts;
   std::vector<int> tile_rows_list;  // --tile: the ping-pong variants' N-tiles (0 = planned)
-  bool small_batch = false, with_stock = false, l2_resident = false, timeline = false;
+  bool small_batch = false, with_stock = false, l2_resident = false, timeline = false, read_floor = false;
   int64_t max_context = 0;  // 0: each shape's longest request
   const char* peer_path = nullptr;
   std::vector<Shape> chosen_shapes;
@@ -404,6 +435,8 @@ int main(int argc, char** argv) {
       small_batch = known = true;
     } else if (!std::strcmp(argv[i], "--stock")) {
       with_stock = known = true;
+    } else if (!std::strcmp(argv[i], "--read-floor")) {
+      read_floor = known = true;
     } else if (!std::strcmp(argv[i], "--l2-resident")) {
       l2_resident = known = true;
     } else if (!std::strcmp(argv[i], "--timeline")) {
@@ -436,7 +469,8 @@ int main(int argc, char** argv) {
                    "core_bench: bad argument '%s'\nusage: core_bench [--out file.md] [--variant "
                    "planned|mma.sync|mma.sync3|mma.sync4|wgmma-pp2|wgmma-pp3 ...] [--small-batch] [--splits N ...] "
                    "[--tile N ...] "
-                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline]\n",
+                   "[--shape BATCHxCONTEXTxHxQ[v] ...] [--stock] [--l2-resident] [--max-context TOKENS] [--peer LIB.so] [--timeline] "
+                   "[--read-floor]\n",
                    argv[i]);
       return 2;
     }
@@ -490,6 +524,10 @@ int main(int argc, char** argv) {
       table += " stock µs | stock/ours | stock vs ours: max abs LSE diff, max latent rel. L2 |";
       rule += "---|---|---|";
     }
+    if (read_floor) {
+      table += " read-only µs | read-only % copy BW | ours/read-only |";
+      rule += "---|---|---|";
+    }
     if (peer) {
       table += " peer µs | peer % copy BW | peer TFLOP/s | peer/ours (time) | peer vs ours: max abs LSE diff, max latent rel. L2 |";
       rule += "---|---|---|---|---|";
@@ -500,7 +538,7 @@ int main(int argc, char** argv) {
         for (int num_splits : split_counts) {
           for (int tile_rows : variant.kernel == mla::core::kKernelWgmmaPp ? tile_rows_list : std::vector<int>{0}) {
             const Result r = bench_shape(s, variant, num_splits, tile_rows, copy_gbs, stock, peer.get(), l2_resident,
-                                         max_context, timeline);
+                                         max_context, timeline, read_floor);
             std::snprintf(line, sizeof line,
                           "| %d x %dk%s x %d x %d | %s | %s | %d | %d | %d | %d | %.1f | %.0f | %.1f | %.1f |",
                           s.batch, s.context / 1024, s.spread > 0 ? " (varlen +-50%)" : "", s.heads, s.q, variant.name,
@@ -513,6 +551,11 @@ int main(int argc, char** argv) {
               const bool agree = r.stock_lse_diff <= 2e-2 && r.stock_latent_err <= 2e-2;
               std::snprintf(line, sizeof line, " %.1f | %.2fx | %.1e, %.1e%s |", r.stock_us, r.stock_us / r.us,
                             r.stock_lse_diff, r.stock_latent_err, agree ? "" : " MISMATCH");
+              row += line;
+            }
+            if (read_floor) {
+              std::snprintf(line, sizeof line, " %.1f | %.1f | %.2fx |", r.read_us, r.pct * r.us / r.read_us,
+                            r.us / r.read_us);
               row += line;
             }
             if (peer && r.peer_us == 0) {
