@@ -328,30 +328,14 @@ Result bench_shape(const Shape& s, const Variant& variant, int num_splits, int t
   r.tile_rows = plan.tile_rows;
   if (timeline) r.timeline = core_timeline(plan, core_args, stream);
   if (read_floor) {
-    uint32_t* words;  // [0]: the sink, [1]: the check
-    MLA_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof(uint32_t)));
-    MLA_CUDA_CHECK(cudaMemset(words, 0, 2 * sizeof(uint32_t)));
-    const int ctas = mla::bench::read_floor_ctas();
-    auto read = [&](int i, uint32_t* check) {
-      const mla::bench::ReadFloorParams params{.cache = cache, .stride_cache_page = page_bytes,
-                                               .block_table = tables + (i % num_sets) * pages_per_set,
-                                               .stride_block_table = pages_per_request, .lengths = lengths,
-                                               .num_requests = s.batch, .never = 0x5a5a5a5au, .sink = words,
-                                               .check = check};
-      mla::bench::launch_read_floor(params, ctas, stream);
+    auto set_of = [&](int i) {
+      return mla::bench::ReadFloorParams{.cache = cache, .stride_cache_page = page_bytes,
+                                         .block_table = tables + (i % num_sets) * pages_per_set,
+                                         .stride_block_table = pages_per_request, .lengths = lengths,
+                                         .num_requests = s.batch};
     };
-    r.read_us = mla::timing::time_graph_us(stream, [&](int i) { read(i, nullptr); }, launches, /*replays=*/10);
-    // A floor that skipped bytes would be no floor: set 0 read once more, its XOR against the host's.
-    read(0, words + 1);
-    uint32_t device_xor = 0;
-    MLA_CUDA_CHECK(cudaMemcpyAsync(&device_xor, words + 1, sizeof device_xor, cudaMemcpyDeviceToHost, stream));
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<uint8_t> pool(pool_pages * page_bytes);
-    MLA_CUDA_CHECK(cudaMemcpy(pool.data(), cache, pool.size(), cudaMemcpyDeviceToHost));
-    const uint32_t host_xor =
-        mla::bench::page_set_xor(pool.data(), page_bytes, table.data(), pages_per_request, len.data(), s.batch);
-    if (device_xor != host_xor) throw std::runtime_error("--read-floor: the read kernel missed or added bytes");
-    MLA_CUDA_CHECK(cudaFree(words));
+    r.read_us = mla::bench::time_read_floor_us(stream, launches, /*replays=*/10, set_of, pool_pages * page_bytes,
+                                               table.data(), len.data());
   }
   if (stock != nullptr) {
     MLA_CUBLAS_CHECK(cublasSetStream(stock, stream));

@@ -14,8 +14,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <vector>
 
 #include "common/cuda_check.h"
+#include "device_timing.h"
 #include "mla/dims.h"
 
 namespace mla::bench {
@@ -55,9 +59,8 @@ __global__ void __launch_bounds__(kReadFloorThreads, 2) read_floor_kernel(const 
       const int request = static_cast<int>(page / p.stride_block_table);
       const int k = static_cast<int>(page % p.stride_block_table);
       where.tokens[h] = page < pages ? min(mla::kPageSize, __ldg(p.lengths + request) - k * mla::kPageSize) : 0;
-      where.base[h] = where.tokens[h] > 0 ? p.cache + __ldg(p.block_table + int64_t{request} * p.stride_block_table + k) *
-                                                          p.stride_cache_page
-                                          : nullptr;
+      const int32_t* entry = p.block_table + int64_t{request} * p.stride_block_table + k;
+      where.base[h] = where.tokens[h] > 0 ? p.cache + __ldg(entry) * p.stride_cache_page : nullptr;
     }
     return where;
   };
@@ -109,14 +112,15 @@ inline void launch_read_floor(const ReadFloorParams& params, int ctas, cudaStrea
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, read_floor_kernel, params));
 }
 
-// The XOR of every 32-bit word of the visible token rows of a page set, on the host (what the kernel's check must give).
+// The XOR of every 32-bit word of the visible token rows of a page set, on the host (what the kernel's check must
+// give).
 inline uint32_t page_set_xor(const uint8_t* cache, int64_t stride_cache_page, const int32_t* block_table,
                              int stride_block_table, const int32_t* lengths, int num_requests) {
   uint32_t x = 0;
   for (int r = 0; r < num_requests; ++r) {
     for (int t = 0; t < lengths[r]; ++t) {
-      const uint8_t* row = cache + block_table[int64_t{r} * stride_block_table + t / mla::kPageSize] * stride_cache_page +
-                           int64_t{t % mla::kPageSize} * mla::kKeyDim;
+      const int32_t page = block_table[int64_t{r} * stride_block_table + t / mla::kPageSize];
+      const uint8_t* row = cache + page * stride_cache_page + int64_t{t % mla::kPageSize} * mla::kKeyDim;
       for (int w = 0; w < mla::kKeyDim / 4; ++w) {
         uint32_t word;
         std::memcpy(&word, row + 4 * w, 4);
@@ -134,6 +138,40 @@ inline int read_floor_ctas() {
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_floor_kernel, kReadFloorThreads, 0));
   return sms * per_sm;
+}
+
+// The read's time: `launches` PDL launches in a graph, `replays` times (launch i reads the page set `set_of(i)`
+// describes; the sink, check and `never` fields are filled here), median of the replays. Then launch 0's set is read
+// once more and its XOR checked against the host's (a floor that skipped or added bytes would be no floor: throws):
+// `cache_bytes` of set_of(0).cache are copied back for that; `host_table` and `host_lengths` are set 0's block table
+// and lengths.
+inline double time_read_floor_us(cudaStream_t stream, int launches, int replays,
+                                 const std::function<ReadFloorParams(int)>& set_of, int64_t cache_bytes,
+                                 const int32_t* host_table, const int32_t* host_lengths) {
+  uint32_t* words;  // [0]: the sink, [1]: the check
+  MLA_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof(uint32_t)));
+  MLA_CUDA_CHECK(cudaMemsetAsync(words, 0, 2 * sizeof(uint32_t), stream));
+  const int ctas = read_floor_ctas();
+  auto read = [&](int i, uint32_t* check) {
+    ReadFloorParams params = set_of(i);
+    params.never = 0x5a5a5a5au;
+    params.sink = words;
+    params.check = check;
+    launch_read_floor(params, ctas, stream);
+  };
+  const double us = mla::timing::time_graph_us(stream, [&](int i) { read(i, nullptr); }, launches, replays);
+  read(0, words + 1);
+  const ReadFloorParams set0 = set_of(0);
+  std::vector<uint8_t> cache(cache_bytes);
+  uint32_t device_xor = 0;
+  MLA_CUDA_CHECK(cudaMemcpyAsync(&device_xor, words + 1, sizeof device_xor, cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaMemcpyAsync(cache.data(), set0.cache, cache.size(), cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MLA_CUDA_CHECK(cudaFree(words));
+  const uint32_t host_xor = page_set_xor(cache.data(), set0.stride_cache_page, host_table, set0.stride_block_table,
+                                         host_lengths, set0.num_requests);
+  if (device_xor != host_xor) throw std::runtime_error("the read-floor kernel missed or added bytes");
+  return us;
 }
 
 }  // namespace mla::bench

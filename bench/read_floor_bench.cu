@@ -67,41 +67,26 @@ Measured measure(double bytes, cudaStream_t stream) {
   const int launches = std::max(20, num_sets);
   uint8_t* pool;
   int32_t *tables, *length;
-  uint32_t* words;  // [0]: the sink, [1]: the check
   MLA_CUDA_CHECK(cudaMalloc(&pool, int64_t{pages} * num_sets * page_bytes));
   MLA_CUDA_CHECK(cudaMalloc(&tables, int64_t{pages} * num_sets * sizeof(int32_t)));
   MLA_CUDA_CHECK(cudaMalloc(&length, sizeof(int32_t)));
-  MLA_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof(uint32_t)));
   fill_bytes<<<1024, 256, 0, stream>>>(pool, int64_t{pages} * num_sets * page_bytes);
   MLA_CUDA_CHECK_LAUNCH();
   std::vector<int32_t> table(int64_t{pages} * num_sets);
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);  // set k: its own pages, in order
   MLA_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   MLA_CUDA_CHECK(cudaMemcpy(length, &tokens, sizeof tokens, cudaMemcpyHostToDevice));
-  MLA_CUDA_CHECK(cudaMemset(words, 0, 2 * sizeof(uint32_t)));
-  const int ctas = mla::bench::read_floor_ctas();
-  auto read = [&](int i, uint32_t* check) {
-    const mla::bench::ReadFloorParams params{.cache = pool, .stride_cache_page = page_bytes,
-                                             .block_table = tables + int64_t{i % num_sets} * pages,
-                                             .stride_block_table = pages, .lengths = length, .num_requests = 1,
-                                             .never = 0x5a5a5a5au, .sink = words, .check = check};
-    mla::bench::launch_read_floor(params, ctas, stream);
+  auto set_of = [&](int i) {
+    return mla::bench::ReadFloorParams{.cache = pool, .stride_cache_page = page_bytes,
+                                       .block_table = tables + int64_t{i % num_sets} * pages,
+                                       .stride_block_table = pages, .lengths = length, .num_requests = 1};
   };
-  const double us = mla::timing::time_graph_us(stream, [&](int i) { read(i, nullptr); }, launches, /*replays=*/20);
-  // The read must have read every byte once: set 0 again, its XOR against the host's.
-  read(0, words + 1);
-  uint32_t device_xor = 0;
-  MLA_CUDA_CHECK(cudaMemcpyAsync(&device_xor, words + 1, sizeof device_xor, cudaMemcpyDeviceToHost, stream));
-  std::vector<uint8_t> set0(int64_t{pages} * page_bytes);
-  MLA_CUDA_CHECK(cudaMemcpyAsync(set0.data(), pool, set0.size(), cudaMemcpyDeviceToHost, stream));
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (device_xor != mla::bench::page_set_xor(set0.data(), page_bytes, table.data(), pages, &tokens, 1)) {
-    throw std::runtime_error("the read kernel missed or added bytes");
-  }
+  // Set 0's pages are the pool's first: only those are copied back for the check.
+  const double us = mla::bench::time_read_floor_us(stream, launches, /*replays=*/20, set_of,
+                                                   int64_t{pages} * page_bytes, table.data(), &tokens);
   MLA_CUDA_CHECK(cudaFree(pool));
   MLA_CUDA_CHECK(cudaFree(tables));
   MLA_CUDA_CHECK(cudaFree(length));
-  MLA_CUDA_CHECK(cudaFree(words));
   return {us, int64_t{tokens} * mla::kKeyDim};
 }
 
@@ -121,7 +106,8 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else {
-      std::fprintf(stderr, "read_floor_bench: bad argument '%s'\nusage: read_floor_bench [--mb X ...] [--out file.md]\n",
+      std::fprintf(stderr,
+                   "read_floor_bench: bad argument '%s'\nusage: read_floor_bench [--mb X ...] [--out file.md]\n",
                    argv[i]);
       return 2;
     }
@@ -139,7 +125,8 @@ int main(int argc, char** argv) {
                        step_bytes(s[0], s[1], s[2], s[3])});
     }
     for (int context : {131072, 262144, 1 << 20}) {
-      sizes.push_back({"core 1 x " + std::to_string(context / 1024) + "k (visible KV)", double(context) * mla::kKeyDim});
+      sizes.push_back(
+          {"core 1 x " + std::to_string(context / 1024) + "k (visible KV)", double(context) * mla::kKeyDim});
     }
   }
   try {
@@ -149,7 +136,8 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     char line[512];
-    std::snprintf(line, sizeof line, "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s; read kernel: %d CTAs\n\n",
+    std::snprintf(line, sizeof line,
+                  "device: %s, %d SMs; copy bandwidth (D2D, read+write): %.0f GB/s; read kernel: %d CTAs\n\n",
                   prop.name, prop.multiProcessorCount, copy_gbs, mla::bench::read_floor_ctas());
     std::string table = line;
     table += "| bytes of | MB | read µs | GB/s | % copy BW | byte floor µs | read / byte floor |\n";
