@@ -343,7 +343,8 @@ __device__ __forceinline__ void publish_row_sums(const float (&l_run)[kGroups][2
 }
 
 // Row `row` of the request's tile rows: its LSE (natural log) from the running max m (base 2) and the softmax sum;
-// a sum of 0 (nothing visible) gives -inf, never NaN; a NaN sum (a NaN logit) gives NaN. Written to the latent's LSE (one split) or the split's partial.
+// a sum of 0 (nothing visible) gives -inf, never NaN; a NaN sum (a NaN logit) gives NaN. Written to the latent's LSE
+// (one split) or the split's partial.
 __device__ __forceinline__ void store_row_lse(const CoreParams& p, bool direct, int64_t entry0, int64_t partial_row0,
                                               int row, float m, float sum) {
   constexpr float kLn2 = 0.69314718055994531f;
