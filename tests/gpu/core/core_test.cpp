@@ -439,9 +439,12 @@ std::vector<CoreCase> cases() {
   {
     // A NaN byte in request 0's last key: with q = 2 only its second row sees it (NaN), the first and request 1's
     // rows stay finite; split across several CTAs, so the NaN reaches the merge.
-    CoreCase c = with(make("h16_q2_nan_key", 16, 2, {300, 4097}), 3);
-    c.nan_key_tokens = {299};
-    v.push_back(c);
+    // The same at H 8 (16 rows: the mma.sync kernel) and H 16 (32 rows: the ping-pong kernel).
+    for (const int heads : {8, 16}) {
+      CoreCase c = with(make("h" + std::to_string(heads) + "_q2_nan_key", heads, 2, {300, 4097}), 3);
+      c.nan_key_tokens = {299};
+      v.push_back(c);
+    }
     // A NaN key in every page of request 0, so that every split of its rows is NaN: a merge whose maximum dropped
     // NaN LSEs (fmaxf) or whose sums tested > 0 gave these rows 0 and -inf. One request (the uniform combine) at 17
     // splits, and a batch (flat slots) at H 64 (the ping-pong kernel).
