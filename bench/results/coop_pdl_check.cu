@@ -11,14 +11,7 @@
 
 #include <cstdio>
 
-#define CHECK(call)                                                                                  \
-  do {                                                                                               \
-    const cudaError_t e = (call);                                                                    \
-    if (e != cudaSuccess) {                                                                          \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e));               \
-      return 1;                                                                                      \
-    }                                                                                                \
-  } while (0)
+#include "check_main.h"
 
 struct Barrier {
   unsigned count;       // arrivals of the current generation

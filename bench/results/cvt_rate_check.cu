@@ -4,8 +4,8 @@
 // page's conversions take ~2200 SM clocks, ~1.25 µs of the ~1.5 µs in which a page's bytes arrive at the copy
 // bandwidth's share of an SM. This times, on every SM at once, chains of
 //   f2fp:  x = cvt.rn.f16x2.e4m3x2(low 16 bits of x)                     (one F2FP a result)
-//   alu:   x = (prmt(x, 0, 0xa280) << 7) & 0xbf80bf80                      (fp8_bits.h e4m3x2_to_f16x2_scaled: PRMT,
-//          SHF, LOP3 a result; the f16 holds the e4m3 value / 256)
+//   alu:   x = (prmt(x, 0, 0xa280) << 7) & 0xbf80bf80                      (core-v-alu.patch's
+//          e4m3_signed_pair_to_f16x2_div256 after its PRMT: PRMT, IMAD.SHL, LOP3 a result, the e4m3 value / 256)
 //   mixed: half the chains of each
 // with 8 independent chains a thread at 16 and 32 warps an SM, and prints results a clock an SM (clock64 around the
 // loop, the median CTA); then each with one chain in one warp an SM (its latency: clocks a step), and the same two
@@ -19,14 +19,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CHECK(call)                                                                                  \
-  do {                                                                                               \
-    const cudaError_t e = (call);                                                                    \
-    if (e != cudaSuccess) {                                                                          \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e));               \
-      return 1;                                                                                      \
-    }                                                                                                \
-  } while (0)
+#include "check_main.h"
 
 enum Mode { kF2fp, kAlu, kMixed, kHmma };
 
