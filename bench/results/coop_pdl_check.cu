@@ -11,7 +11,14 @@
 
 #include <cstdio>
 
-#include "check_main.h"
+#define CHECK(call)                                                                                  \
+  do {                                                                                               \
+    const cudaError_t e = (call);                                                                    \
+    if (e != cudaSuccess) {                                                                          \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e));               \
+      return 1;                                                                                      \
+    }                                                                                                \
+  } while (0)
 
 struct Barrier {
   unsigned count;       // arrivals of the current generation
