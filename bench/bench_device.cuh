@@ -1,5 +1,5 @@
 // Device buffers and random bytes for the stage benchmarks (query_bench, value_bench): plausible
-// values fast, not the exact inputs of the tests (tools/synthetic.h).
+// values fast, not the exact inputs of the tests (tools/synthetic.h); and the benchmarks' flag and --out helpers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "common/cuda_check.h"
+#include "mla/error.h"
 
 namespace mla::bench {
 
@@ -49,6 +51,14 @@ inline bool parse_count(const char* program, const char* flag, const char* text,
   }
   value = static_cast<int>(parsed);
   return true;
+}
+
+// A benchmark's table into its --out file; throws Error naming the path where it cannot be written whole.
+inline void write_out_file(const char* path, const std::string& text) {
+  std::FILE* f = std::fopen(path, "w");
+  const bool written = f != nullptr && std::fputs(text.c_str(), f) >= 0;
+  const bool closed = f != nullptr && std::fclose(f) == 0;
+  if (!written || !closed) throw Error(std::string("cannot write --out ") + path);
 }
 
 }  // namespace mla::bench

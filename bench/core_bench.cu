@@ -47,6 +47,7 @@
 
 #include "common/cublas_check.h"
 #include "common/cuda_check.h"
+#include "bench_device.cuh"
 #include "bench_inputs.cuh"
 #include "core_bench_stock.cuh"
 #include "device_timing.h"
@@ -565,13 +566,7 @@ int main(int argc, char** argv) {
       MLA_CUDA_CHECK(cudaFree(stock_workspace));
     }
     std::printf("\n%s", table.c_str());
-    if (out_path) {
-      FILE* f = std::fopen(out_path, "w");
-      if (!f || std::fputs(table.c_str(), f) < 0 || std::fclose(f) != 0) {
-        std::fprintf(stderr, "core_bench: cannot write --out %s\n", out_path);
-        return 1;
-      }
-    }
+    if (out_path) mla::bench::write_out_file(out_path, table);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "core_bench: %s\n", e.what());
     return 1;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_device.cuh"
 #include "common/cuda_check.h"
 #include "device_timing.h"
 #include "mla/dims.h"
@@ -154,13 +155,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
-    if (out_path) {
-      FILE* f = std::fopen(out_path, "w");
-      if (!f || std::fputs(table.c_str(), f) < 0 || std::fclose(f) != 0) {
-        std::fprintf(stderr, "read_floor_bench: cannot write --out %s\n", out_path);
-        return 1;
-      }
-    }
+    if (out_path) mla::bench::write_out_file(out_path, table);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "read_floor_bench: %s\n", e.what());
     return 1;

@@ -304,11 +304,7 @@ int main(int argc, char** argv) {
                           std::to_string(misplanned) + (misplanned ? " (" + misplanned_shapes + " )" : "") + "\n";
     table += summary;
     std::fputs(summary.c_str(), stdout);
-    if (out_path != nullptr) {
-      std::FILE* f = std::fopen(out_path, "w");
-      if (f == nullptr) throw Error(std::string("value_bench: cannot write ") + out_path);
-      if (std::fputs(table.c_str(), f) < 0 || std::fclose(f) != 0) throw Error(std::string("value_bench: cannot write ") + out_path);
-    }
+    if (out_path != nullptr) mla::bench::write_out_file(out_path, table);
     MLA_CUDA_CHECK(cudaFree(cublas_workspace));
     MLA_CUBLAS_CHECK(cublasDestroy(cublas));
     MLA_CUDA_CHECK(cudaStreamDestroy(stream));
