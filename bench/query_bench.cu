@@ -66,9 +66,7 @@ struct Problem {
   double weight_bytes() const {
     return double(H) * (kQkHeadDim * kQLoraRank + kNopeDim * kKvLoraRank) * 2 + (kQLoraRank + kKvLoraRank) * 2;
   }
-  double must_move_bytes() const {
-    return weight_bytes() + double(rows) * kProjectedGateOffset * 2 + double(rows) * H * kKeyDim + double(rows) * kKeyDim;
-  }
+  double must_move_bytes() const { return timing::query_stage_bytes(H, rows); }
   double flops() const { return 2.0 * rows * H * (double(kQkHeadDim) * kQLoraRank + double(kNopeDim) * kKvLoraRank); }
 };
 

@@ -6,9 +6,9 @@
 // identity block table (bench/page_read_floor.cuh's kernel, as `core_bench --read-floor` reads the KV cache).
 //
 //   read_floor_bench [--mb X ...] [--out results.md]
-// Without --mb: the byte counts of the query stage at 1 row (H 12, 16, 64, 96, 128; bench/query_bench.cu's count),
-// of whole steps at small shapes (DESIGN.md §6's count, tools/device_timing.h step_cost) and of long single-request
-// cores (the visible KV).
+// Without --mb: the byte counts of the query stage at 1 row (H 12, 16, 64, 96, 128; tools/device_timing.h
+// query_stage_bytes), of whole steps at small shapes (DESIGN.md §6's count, tools/device_timing.h step_cost) and of
+// long single-request cores (the visible KV).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,14 +32,6 @@ struct Size {
   std::string what;
   double bytes;
 };
-
-// The query stage's bytes at `rows` rows (bench/query_bench.cu, Problem::must_move_bytes).
-double query_bytes(int heads, int rows) {
-  const double weights = double(heads) * (mla::kQkHeadDim * mla::kQLoraRank + mla::kNopeDim * mla::kKvLoraRank) * 2 +
-                         (mla::kQLoraRank + mla::kKvLoraRank) * 2;
-  return weights + double(rows) * mla::kProjectedGateOffset * 2 + double(rows) * heads * mla::kKeyDim +
-         double(rows) * mla::kKeyDim;
-}
 
 // A whole step's bytes: `batch` requests of `context` tokens, q rows each.
 double step_bytes(int batch, int context, int heads, int q) {
@@ -115,9 +107,10 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) {
     for (int heads : {12, 16, 64, 96, 128}) {
-      sizes.push_back({"query stage, H " + std::to_string(heads) + " x 1 row", query_bytes(heads, 1)});
+      sizes.push_back(
+          {"query stage, H " + std::to_string(heads) + " x 1 row", mla::timing::query_stage_bytes(heads, 1)});
     }
-    sizes.push_back({"query stage, H 64 x 16 rows", query_bytes(64, 16)});
+    sizes.push_back({"query stage, H 64 x 16 rows", mla::timing::query_stage_bytes(64, 16)});
     const int steps[][4] = {{1, 4096, 12, 1}, {4, 4096, 12, 1}, {16, 4096, 12, 4}, {1, 32768, 12, 1},
                             {1, 4096, 96, 1}, {1, 131072, 96, 1}};
     for (const auto& s : steps) {

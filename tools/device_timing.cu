@@ -196,6 +196,13 @@ StepCost step_cost(int heads, int64_t rows, double request_tokens, double visibl
   return c;
 }
 
+double query_stage_bytes(int heads, int64_t rows) {
+  const double h = heads, r = static_cast<double>(rows);
+  const double weights = h * (double(kQkHeadDim) * kQLoraRank + double(kNopeDim) * kKvLoraRank) * 2 +
+                         double(kQLoraRank + kKvLoraRank) * 2;
+  return weights + r * kProjectedGateOffset * 2 + r * h * kKeyDim + r * kKeyDim;
+}
+
 double floor_us(const Ceilings& ceilings, double bytes, double bf16_flops, double fp8_flops) {
   const double memory_us = bytes / (ceilings.copy_gbs * 1e3);
   const double math_us = bf16_flops / (ceilings.bf16_tflops * 1e6) + fp8_flops / (ceilings.fp8_tflops * 1e6);

@@ -46,6 +46,10 @@ struct StepCost {
 // tokens each row sees.
 StepCost step_cost(int heads, int64_t rows, double request_tokens, double visible_row_tokens);
 
+// Bytes the query stage must move at `rows` rows (DESIGN.md §6 for that stage): its weights (norms, q_b_proj, W_UK_T)
+// once, each row's q_a and kv_a columns of `projected`, the FP8 query rows and cache rows it writes.
+double query_stage_bytes(int heads, int64_t rows);
+
 // Floor of a step: max(bytes / copy bandwidth, bf16 FLOPs / bf16 rate + fp8 FLOPs / fp8 rate), in µs.
 double floor_us(const Ceilings& ceilings, double bytes, double bf16_flops, double fp8_flops);
 
